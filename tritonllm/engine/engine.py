@@ -1,0 +1,92 @@
+"""The synchronous engine: admit sequences, run steps, report new tokens. Single-threaded by design."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .block_manager import BlockManager
+from .model_runner import ModelRunner
+from .sampler import sample
+from .scheduler import Scheduler
+from .sequence import FinishReason, Sequence
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_dir: str
+    dtype: str = "float32"
+    device: str = "auto"
+    num_kv_blocks: int = 1024
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+
+
+@dataclass
+class StepOutput:
+    seq: Sequence
+    new_token_ids: list[int]
+
+    @property
+    def finished(self) -> bool:
+        return self.seq.is_finished
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.blocks = BlockManager(config.num_kv_blocks, config.block_size)
+        self.runner = ModelRunner(Path(config.model_dir), self.blocks, config.dtype, config.device)
+        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
+        self.last_batch_size = 0
+
+    @property
+    def max_model_len(self) -> int:
+        return min(self.runner.shape.max_position_embeddings, self.blocks.num_blocks * self.blocks.block_size)
+
+    def add(self, seq: Sequence) -> None:
+        if not seq.prompt_ids:
+            raise ValueError("input_ids is empty")
+        if len(seq.prompt_ids) >= self.max_model_len:
+            raise ValueError(
+                f"input_ids has {len(seq.prompt_ids)} tokens; this model takes at most {self.max_model_len - 1}"
+            )
+        vocab = self.runner.shape.vocab_size
+        bad = [t for t in seq.prompt_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"input_ids holds token ids outside [0, {vocab}): {bad[:5]}")
+        self.scheduler.add(seq)
+
+    def abort(self, seq: Sequence) -> None:
+        if not seq.is_finished:
+            self.scheduler.finish(seq, FinishReason.CANCELLED)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[StepOutput]:
+        chunks, overflowed = self.scheduler.schedule()
+        outputs = [StepOutput(seq, []) for seq in overflowed]
+        if not chunks:
+            return outputs
+        self.last_batch_size = len(chunks)
+        sampling = [c for c in chunks if c.samples]
+        logits = self.runner.forward(chunks)
+        for chunk in chunks:
+            chunk.seq.num_computed += chunk.num_tokens
+        seqs = [c.seq for c in sampling]
+        for seq, token in zip(seqs, sample(logits, seqs)):
+            seq.token_ids.append(token)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+            outputs.append(StepOutput(seq, [token]))
+        return outputs
+
+    def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        if token == seq.params.end_id:
+            return FinishReason.END_ID
+        if seq.num_output_tokens >= seq.params.max_tokens or len(seq.token_ids) >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None

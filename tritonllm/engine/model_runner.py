@@ -1,0 +1,143 @@
+"""Loads an HF causal LM onto the paged attention and runs one packed forward pass per engine step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .block_manager import BlockManager
+from .paged_attention import ATTN_IMPLEMENTATION, AttentionGroup, KVCache, PagedBatch
+from .scheduler import ScheduledChunk
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' picks CUDA when present, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {name!r}")
+    return _DTYPES[name]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_position_embeddings: int
+
+    @classmethod
+    def of(cls, config) -> ModelShape:
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return cls(
+            num_layers=config.num_hidden_layers,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+            head_dim=head_dim,
+            vocab_size=config.vocab_size,
+            max_position_embeddings=getattr(config, "max_position_embeddings", 1 << 31),
+        )
+
+
+class ModelRunner:
+    def __init__(self, model_dir: str | Path, blocks: BlockManager, dtype: str = "float32", device: str = "auto"):
+        from transformers import AutoModelForCausalLM
+
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=self.dtype, attn_implementation=ATTN_IMPLEMENTATION
+        ).to(self.device)
+        self.model.eval()
+        self.shape = ModelShape.of(self.model.config)
+        self.blocks = blocks
+        self.cache = KVCache.allocate(
+            self.shape.num_layers,
+            blocks.num_blocks * blocks.block_size,
+            self.shape.num_kv_heads,
+            self.shape.head_dim,
+            self.dtype,
+            self.device,
+        )
+
+    @torch.inference_mode()
+    def forward(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+        """Runs the chunks as one packed batch; returns float32 logits [num_sampling_chunks, vocab]."""
+        input_ids, positions, slots, sample_rows = [], [], [], []
+        for chunk in chunks:
+            seq, start = chunk.seq, chunk.seq.num_computed
+            end = start + chunk.num_tokens
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            slots.extend(self.blocks.slot(seq, p) for p in range(start, end))
+            if chunk.samples:
+                sample_rows.append(len(input_ids) - 1)
+        dev = self.device
+        batch = PagedBatch(
+            cache=self.cache,
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            groups=self._groups(chunks),
+        )
+        out = self.model(
+            input_ids=torch.tensor([input_ids], device=dev),
+            position_ids=torch.tensor([positions], device=dev),
+            use_cache=False,
+            logits_to_keep=torch.tensor(sample_rows or [0], device=dev),
+            paged_batch=batch,
+        )
+        return out.logits[0, : len(sample_rows)].float()
+
+    def _groups(self, chunks: list[ScheduledChunk]) -> list[AttentionGroup]:
+        decodes, offset = [], 0
+        groups = []
+        for chunk in chunks:
+            if chunk.num_tokens == 1:
+                decodes.append((chunk, offset))
+            else:
+                groups.append(self._group([(chunk, offset)]))
+            offset += chunk.num_tokens
+        if decodes:
+            groups.append(self._group(decodes))
+        return groups
+
+    def _group(self, members: list[tuple[ScheduledChunk, int]]) -> AttentionGroup:
+        max_q = max(c.num_tokens for c, _ in members)
+        max_kv = max(c.seq.num_computed + c.num_tokens for c, _ in members)
+        b = len(members)
+        query_index = torch.zeros(b, max_q, dtype=torch.long)
+        kv_slots = torch.zeros(b, max_kv, dtype=torch.long)
+        mask = torch.zeros(b, 1, max_q, max_kv, dtype=torch.bool)
+        valid = torch.zeros(b, max_q, dtype=torch.bool)
+        out_index = []
+        for i, (chunk, offset) in enumerate(members):
+            start, n = chunk.seq.num_computed, chunk.num_tokens
+            ctx = start + n
+            query_index[i, :n] = torch.arange(offset, offset + n)
+            query_index[i, n:] = offset + n - 1
+            kv_slots[i, :ctx] = self._slots(chunk.seq, ctx)
+            # Query j sits at position start + j and sees keys 0..start + j.
+            mask[i, 0, :n, :ctx] = torch.arange(ctx)[None, :] <= (start + torch.arange(n))[:, None]
+            mask[i, 0, n:, 0] = True  # padded rows attend somewhere, so they stay finite
+            valid[i, :n] = True
+            out_index.extend(range(offset, offset + n))
+        dev = self.device
+        return AttentionGroup(
+            query_index=query_index.to(dev),
+            kv_slots=kv_slots.to(dev),
+            mask=mask.to(dev),
+            valid=valid.flatten().to(dev),
+            out_index=torch.tensor(out_index, dtype=torch.long, device=dev),
+        )
+
+    def _slots(self, seq, num_tokens: int) -> torch.Tensor:
+        bs = self.blocks.block_size
+        blocks = torch.tensor(seq.block_table[: self.blocks.blocks_needed(num_tokens)], dtype=torch.long)
+        return (blocks[:, None] * bs + torch.arange(bs)[None, :]).flatten()[:num_tokens]

@@ -1,0 +1,78 @@
+"""One request's state as it moves through the engine."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+from .sampling_params import SamplingParams
+
+_next_seq_id = itertools.count()
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(str, Enum):
+    END_ID = "end_id"  # the request's end token was generated
+    LENGTH = "length"  # request_output_len, or the model's / the KV pool's capacity
+    CANCELLED = "cancelled"
+
+
+@dataclass(eq=False)
+class Sequence:
+    prompt_ids: list[int]
+    params: SamplingParams
+    request_id: str = ""
+    seq_id: int = field(default_factory=lambda: next(_next_seq_id))
+    token_ids: list[int] = field(init=False)
+    num_computed: int = 0  # tokens whose K/V are in the cache
+    block_table: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: FinishReason | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_scheduled_time: float | None = None
+    generator: torch.Generator | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.token_ids = list(self.prompt_ids)
+        if not self.params.greedy:
+            # Each sequence owns its random stream, so its samples do not depend on what else is batched.
+            self.generator = torch.Generator()
+            if self.params.seed is None:
+                self.generator.seed()
+            else:
+                self.generator.manual_seed(self.params.seed)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed(self) -> int:
+        return len(self.token_ids) - self.num_computed
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def queue_wait(self) -> float:
+        """Seconds from arrival to first scheduling (0 while still waiting)."""
+        if self.first_scheduled_time is None:
+            return 0.0
+        return self.first_scheduled_time - self.arrival_time
