@@ -27,6 +27,7 @@ class EngineConfig:
 class StepOutput:
     seq: Sequence
     new_token_ids: list[int]
+    batch_size: int  # sequences in the step that produced this output
 
     @property
     def finished(self) -> bool:
@@ -46,17 +47,21 @@ class LLMEngine:
         return min(self.runner.shape.max_position_embeddings, self.blocks.num_blocks * self.blocks.block_size)
 
     def add(self, seq: Sequence) -> None:
-        if not seq.prompt_ids:
+        self.validate(seq.prompt_ids)
+        self.scheduler.add(seq)
+
+    def validate(self, prompt_ids: list[int]) -> None:
+        """Raises ValueError naming `input_ids` for prompts this engine cannot run; safe from any thread."""
+        if not prompt_ids:
             raise ValueError("input_ids is empty")
-        if len(seq.prompt_ids) >= self.max_model_len:
+        if len(prompt_ids) >= self.max_model_len:
             raise ValueError(
-                f"input_ids has {len(seq.prompt_ids)} tokens; this model takes at most {self.max_model_len - 1}"
+                f"input_ids has {len(prompt_ids)} tokens; this model takes at most {self.max_model_len - 1}"
             )
         vocab = self.runner.shape.vocab_size
-        bad = [t for t in seq.prompt_ids if not 0 <= t < vocab]
+        bad = [t for t in prompt_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"input_ids holds token ids outside [0, {vocab}): {bad[:5]}")
-        self.scheduler.add(seq)
 
     def abort(self, seq: Sequence) -> None:
         if not seq.is_finished:
@@ -67,7 +72,7 @@ class LLMEngine:
 
     def step(self) -> list[StepOutput]:
         chunks, overflowed = self.scheduler.schedule()
-        outputs = [StepOutput(seq, []) for seq in overflowed]
+        outputs = [StepOutput(seq, [], self.last_batch_size) for seq in overflowed]
         if not chunks:
             return outputs
         self.last_batch_size = len(chunks)
@@ -81,7 +86,7 @@ class LLMEngine:
             reason = self._finish_reason(seq, token)
             if reason is not None:
                 self.scheduler.finish(seq, reason)
-            outputs.append(StepOutput(seq, [token]))
+            outputs.append(StepOutput(seq, [token], len(chunks)))
         return outputs
 
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:

@@ -24,6 +24,7 @@ class FinishReason(str, Enum):
     END_ID = "end_id"  # the request's end token was generated
     LENGTH = "length"  # request_output_len, or the model's / the KV pool's capacity
     CANCELLED = "cancelled"
+    ERROR = "error"  # the engine failed while serving it
 
 
 @dataclass(eq=False)

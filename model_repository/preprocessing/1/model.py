@@ -1,0 +1,79 @@
+"""Text or chat messages -> token ids and the llm's request tensors."""
+
+from __future__ import annotations
+
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from tritonllm.runtime.model_config import ModelParameters, json_list, load_tokenizer
+
+
+def _string(request, name: str) -> str | None:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return None
+    value = tensor.as_numpy().reshape(-1)
+    if value.size != 1:
+        raise ValueError(f"{name} must hold one string, got {value.size}")
+    raw = value[0]
+    return raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
+
+
+def _int(request, name: str, default: int) -> int:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return default if tensor is None else int(tensor.as_numpy().reshape(-1)[0])
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        params = ModelParameters(args)
+        self.tokenizer = load_tokenizer(params.model_dir())
+        self.default_max_tokens = params.int("default_max_tokens", 16)
+        self.add_special_tokens = params.bool("add_special_tokens", True)
+
+    def execute(self, requests: list) -> list:
+        return [self._one(request) for request in requests]
+
+    def _one(self, request):
+        try:
+            ids = self._tokenize(request)
+            max_tokens = _int(request, "max_tokens", self.default_max_tokens)
+            if max_tokens < 1:
+                raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        except ValueError as e:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e)))
+        tok = self.tokenizer
+        end_id = _int(request, "end_id", tok.eos_token_id if tok.eos_token_id is not None else -1)
+        pad_id = _int(request, "pad_id", tok.pad_token_id if tok.pad_token_id is not None else end_id)
+        return pb_utils.InferenceResponse(
+            output_tensors=[
+                pb_utils.Tensor("input_ids", np.array([ids], dtype=np.int32)),
+                pb_utils.Tensor("request_output_len", np.array([[max_tokens]], dtype=np.int32)),
+                pb_utils.Tensor("end_id", np.array([[end_id]], dtype=np.int32)),
+                pb_utils.Tensor("pad_id", np.array([[pad_id]], dtype=np.int32)),
+            ]
+        )
+
+    def _tokenize(self, request) -> list[int]:
+        messages = _string(request, "chat_messages")
+        if messages is not None:
+            tools = _string(request, "chat_tools")
+            encoded = self.tokenizer.apply_chat_template(
+                json_list(messages, "chat_messages"),
+                tools=json_list(tools, "chat_tools") if tools else None,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=True,
+            )
+            ids = list(encoded["input_ids"])
+        else:
+            text = _string(request, "text_input")
+            if text is None:
+                raise ValueError("text_input (or chat_messages) is required")
+            ids = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
+        if not ids:
+            raise ValueError("text_input is empty after tokenization")
+        return ids
+
+

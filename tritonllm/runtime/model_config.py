@@ -1,0 +1,60 @@
+"""Reads the `parameters` of a Triton model's config.pbtxt, and finds the HF model directory to serve."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+MODEL_DIR_ENV = "TRITONLLM_MODEL_DIR"
+
+
+class ModelParameters:
+    def __init__(self, args: dict) -> None:
+        self.config = json.loads(args["model_config"])
+        self.model_path = Path(args["model_repository"])  # this model's folder inside the repository
+        self._values = {k: v.get("string_value", "") for k, v in self.config.get("parameters", {}).items()}
+
+    def get(self, name: str, default: str) -> str:
+        value = self._values.get(name, "")
+        return value if value and not value.startswith("${") else default
+
+    def int(self, name: str, default: int) -> int:
+        return int(self.get(name, str(default)))
+
+    def bool(self, name: str, default: bool) -> bool:
+        return self.get(name, str(default)).strip().lower() in ("1", "true", "yes", "on")
+
+    def model_dir(self) -> Path:
+        """The `TRITONLLM_MODEL_DIR` environment variable, else the `model_dir` parameter.
+
+        A relative `model_dir` is taken from the folder that holds the model repository, so the repository
+        works wherever the project is checked out or mounted.
+        """
+        chosen = os.environ.get(MODEL_DIR_ENV) or self.get("model_dir", "models/small")
+        path = Path(chosen)
+        if not path.is_absolute():
+            path = self.model_path.parent.parent / path
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(
+                f"no HF model at {path} (set {MODEL_DIR_ENV} or the model_dir parameter; "
+                "`make model` builds the demo models)"
+            )
+        return path
+
+
+def load_tokenizer(model_dir: Path):
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def json_list(raw: str, field: str) -> list:
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{field} is not valid JSON: {e}") from e
+    if not isinstance(value, list):
+        raise ValueError(f"{field} must be a JSON array")
+    return value

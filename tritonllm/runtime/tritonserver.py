@@ -1,0 +1,200 @@
+"""Locates the tritonserver that the `nvidia-pytriton` wheel ships and runs it on a model repository.
+
+The wheel carries tritonserver 2.51, the Python backend and one backend stub per Python version. The stub for
+the running interpreter is copied next to `libtriton_python.so` in place, where the binaries' built-in library
+paths resolve. The stub runs models in the interpreter found first on PATH, so this venv's `bin/` goes first.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+def pytriton_root() -> Path:
+    try:
+        import pytriton
+    except ImportError as e:
+        raise ServerError("nvidia-pytriton is not installed: run `make install`") from e
+    return Path(pytriton.__file__).parent / "tritonserver"
+
+
+def prepare_backends() -> Path:
+    """Puts the Python backend stub for this interpreter in place; returns the backend directory."""
+    root = pytriton_root()
+    python_backend = root / "backends" / "python"
+    stub = python_backend / "triton_python_backend_stub"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    source = root / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not source.exists():
+        raise ServerError(f"nvidia-pytriton ships no Python backend stub for Python {version}")
+    if not stub.exists() or stub.stat().st_size != source.stat().st_size:
+        shutil.copy2(source, stub)
+    return root / "backends"
+
+
+def server_binary() -> Path:
+    return pytriton_root() / "bin" / "tritonserver"
+
+
+def library_dirs() -> list[str]:
+    """Libraries the binaries may need beyond their own rpath: the wheel's bundle and this libpython."""
+    import pytriton
+
+    bundled = Path(pytriton.__file__).parent.parent / "nvidia_pytriton.libs"
+    return [str(bundled), sysconfig.get_config_var("LIBDIR") or ""]
+
+
+def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["LD_LIBRARY_PATH"] = os.pathsep.join([*library_dirs(), env.get("LD_LIBRARY_PATH", "")])
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.update(extra or {})
+    return env
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class TritonServer:
+    model_repository: Path
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    host: str = "127.0.0.1"
+    env: dict[str, str] = field(default_factory=dict)
+    log_file: Path | None = None
+    process: subprocess.Popen | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    def command(self) -> list[str]:
+        return [
+            str(server_binary()),
+            f"--model-repository={self.model_repository.resolve()}",
+            f"--backend-directory={prepare_backends()}",
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            f"--http-address={self.host}",
+            f"--grpc-address={self.host}",
+            f"--metrics-address={self.host}",
+            "--allow-gpu-metrics=false",
+            "--log-verbose=0",
+        ]
+
+    def start(self, timeout: float = 180.0) -> None:
+        busy = [p for p in (self.http_port, self.grpc_port, self.metrics_port) if not port_is_free(self.host, p)]
+        if busy:
+            raise ServerError(f"port(s) {busy} on {self.host} are in use; pick others (--http-port ...)")
+        out = open(self.log_file, "ab") if self.log_file else None  # noqa: SIM115 - owned by the process
+        self.process = subprocess.Popen(
+            self.command(), env=server_env(self.env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise ServerError(f"tritonserver exited with code {self.process.returncode}{self._log_hint()}")
+            try:
+                with urllib.request.urlopen(f"{self.http_url}/v2/health/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.25)
+        self.stop()
+        raise ServerError(f"tritonserver not ready after {timeout:.0f}s{self._log_hint()}")
+
+    def _log_hint(self) -> str:
+        return f"; see {self.log_file}" if self.log_file else ""
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stops the server and every stub it started, then removes the shared memory they leave."""
+        proc, self.process = self.process, None
+        if proc is None:
+            return
+        stubs = _children(proc.pid)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for pid in stubs:
+            # Stubs with live threads can outlive a crashed server and ignore SIGTERM.
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for shm in glob.glob(f"/dev/shm/triton_python_backend_shm_region_*_{proc.pid}_*") + _owned_shm(proc.pid):
+            Path(shm).unlink(missing_ok=True)
+
+    def __enter__(self) -> TritonServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False).stdout
+    except FileNotFoundError:
+        return []
+    return [int(p) for p in out.split()]
+
+
+def _owned_shm(server_pid: int) -> list[str]:
+    """Shared-memory regions whose names carry no pid are ours only while no other server is alive."""
+    leftovers = glob.glob("/dev/shm/triton_python_backend_shm_region_*")
+    return leftovers if not _other_tritonservers(server_pid) else []
+
+
+def _other_tritonservers(server_pid: int) -> bool:
+    out = subprocess.run(["pgrep", "-x", "tritonserver"], capture_output=True, text=True, check=False).stdout
+    return any(int(p) != server_pid for p in out.split())

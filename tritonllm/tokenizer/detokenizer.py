@@ -1,0 +1,42 @@
+"""Stateless, streaming-correct detokenization.
+
+Decoding each new token on its own loses leading spaces and breaks characters that span tokens. Instead the
+engine sends, with the new tokens, a few tokens that precede them; the text of the new tokens is
+`decode(preceding + new) - decode(preceding)`. Both decodes start at the same token, so whatever that
+boundary does to the text (a stripped leading space, a cut character) cancels out. A character still
+incomplete at the end is held back until a later token completes it, or given as is on the final piece, so
+the joined pieces equal the text of the whole generation byte for byte.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+INCOMPLETE = "\ufffd"
+
+# Enough tokens to span a held-back character (up to 4 byte tokens) plus any boundary effect.
+CONTEXT_TOKENS = 8
+
+
+def text_increment(
+    tokenizer, preceding_ids: Sequence[int], new_ids: Sequence[int], final: bool, skip_special_tokens: bool = True
+) -> str:
+    def decode(ids: Sequence[int]) -> str:
+        return tokenizer.decode(
+            list(ids), skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
+        )
+
+    # An earlier piece emitted the preceding text up to, not including, its incomplete tail.
+    emitted = decode(preceding_ids).rstrip(INCOMPLETE)
+    full = decode([*preceding_ids, *new_ids])
+    if not final:
+        full = full.rstrip(INCOMPLETE)
+    if full.startswith(emitted):
+        return full[len(emitted) :]
+    # A tokenizer whose decode of the longer window rewrites earlier text: fall back to the common prefix.
+    common = 0
+    for a, b in zip(emitted, full):
+        if a != b:
+            break
+        common += 1
+    return full[common:]
