@@ -81,7 +81,7 @@ class LLMEngine:
         for chunk in chunks:
             chunk.seq.num_computed += chunk.num_tokens
         seqs = [c.seq for c in sampling]
-        for seq, token in zip(seqs, sample(logits, seqs)):
+        for seq, token in zip(seqs, sample(logits, seqs), strict=False):
             seq.token_ids.append(token)
             reason = self._finish_reason(seq, token)
             if reason is not None:

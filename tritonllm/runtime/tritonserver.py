@@ -7,7 +7,6 @@ paths resolve. The stub runs models in the interpreter found first on PATH, so t
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 import signal
@@ -156,7 +155,7 @@ class TritonServer:
         proc, self.process = self.process, None
         if proc is None:
             return
-        stubs = _children(proc.pid)
+        stubs = {pid: _stub_shm_region(pid) for pid in _children(proc.pid)}
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
             try:
@@ -164,14 +163,14 @@ class TritonServer:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        for pid in stubs:
+        for pid, region in stubs.items():
             # Stubs with live threads can outlive a crashed server and ignore SIGTERM.
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        for shm in glob.glob(f"/dev/shm/triton_python_backend_shm_region_*_{proc.pid}_*") + _owned_shm(proc.pid):
-            Path(shm).unlink(missing_ok=True)
+            if region:
+                Path("/dev/shm", region).unlink(missing_ok=True)
 
     def __enter__(self) -> TritonServer:
         self.start()
@@ -189,12 +188,12 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in out.split()]
 
 
-def _owned_shm(server_pid: int) -> list[str]:
-    """Shared-memory regions whose names carry no pid are ours only while no other server is alive."""
-    leftovers = glob.glob("/dev/shm/triton_python_backend_shm_region_*")
-    return leftovers if not _other_tritonservers(server_pid) else []
-
-
-def _other_tritonservers(server_pid: int) -> bool:
-    out = subprocess.run(["pgrep", "-x", "tritonserver"], capture_output=True, text=True, check=False).stdout
-    return any(int(p) != server_pid for p in out.split())
+def _stub_shm_region(pid: int) -> str | None:
+    """A Python backend stub's second argument names its shared-memory region in /dev/shm."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    if len(args) > 2 and args[2].startswith(b"triton_python_backend_shm_region_"):
+        return args[2].decode()
+    return None

@@ -22,9 +22,7 @@ def text_increment(
     tokenizer, preceding_ids: Sequence[int], new_ids: Sequence[int], final: bool, skip_special_tokens: bool = True
 ) -> str:
     def decode(ids: Sequence[int]) -> str:
-        return tokenizer.decode(
-            list(ids), skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
-        )
+        return tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
 
     # An earlier piece emitted the preceding text up to, not including, its incomplete tail.
     emitted = decode(preceding_ids).rstrip(INCOMPLETE)
@@ -35,7 +33,7 @@ def text_increment(
         return full[len(emitted) :]
     # A tokenizer whose decode of the longer window rewrites earlier text: fall back to the common prefix.
     common = 0
-    for a, b in zip(emitted, full):
+    for a, b in zip(emitted, full, strict=False):
         if a != b:
             break
         common += 1

@@ -31,7 +31,7 @@ class TritonPythonModel:
         final = bool(array("finish_reason").reshape(-1)[0])
         texts = [
             text_increment(self.tokenizer, preceding, beam[:n].tolist(), final, self.skip_special_tokens)
-            for beam, n in zip(beams, lengths)
+            for beam, n in zip(beams, lengths, strict=False)
         ]
         outputs = [pb_utils.Tensor("text_output", np.array([[t.encode() for t in texts]], dtype=np.object_))]
         for name in PASS_THROUGH:

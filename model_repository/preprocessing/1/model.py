@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -75,5 +74,3 @@ class TritonPythonModel:
         if not ids:
             raise ValueError("text_input is empty after tokenization")
         return ids
-
-

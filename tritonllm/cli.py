@@ -1,0 +1,124 @@
+"""One command line: serve, build-demo-model, perf-analyzer."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from .runtime.model_config import MODEL_DIR_ENV
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODELS = PROJECT_ROOT / "models"
+DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
+
+
+def _progress(message: str) -> None:
+    print(f"[tritonllm] {message}", file=sys.stderr, flush=True)
+
+
+def build_demo_model(args: argparse.Namespace) -> int:
+    from .runtime.demo_model import build_demo_models
+
+    build_demo_models(Path(args.out), args.name or None, progress=_progress)
+    return 0
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .runtime.tritonserver import ServerError, TritonServer, port_is_free
+    from .shim.app import create_app
+    from .shim.settings import ShimSettings
+
+    model_dir = Path(args.model_dir or os.environ.get(MODEL_DIR_ENV) or DEFAULT_MODELS / "small").resolve()
+    if not (model_dir / "config.json").exists():
+        if model_dir.parent == DEFAULT_MODELS.resolve() and model_dir.name in ("tiny", "small"):
+            from .runtime.demo_model import build_demo_models
+
+            _progress(f"demo model {model_dir.name} not built yet; building it")
+            build_demo_models(DEFAULT_MODELS, [model_dir.name], progress=_progress)
+        else:
+            _progress(f"no HF model at {model_dir} (config.json missing)")
+            return 2
+    if not port_is_free(args.host, args.shim_port):
+        _progress(f"shim port {args.shim_port} on {args.host} is in use; pick another with --shim-port")
+        return 2
+
+    server = TritonServer(
+        Path(args.model_repository),
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        host=args.host,
+        env={MODEL_DIR_ENV: str(model_dir)},
+    )
+    started = time.monotonic()
+    _progress(f"starting tritonserver on {args.host} (http {args.http_port}, grpc {args.grpc_port}) for {model_dir}")
+    # SIGTERM unwinds like Ctrl-C (uvicorn handles both while it runs, and re-raises them when done).
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        server.start()
+        _progress(f"tritonserver ready in {time.monotonic() - started:.1f}s")
+        settings = ShimSettings(
+            triton_grpc_url=server.grpc_url,
+            served_model_name=args.served_model_name or model_dir.name,
+            default_max_tokens=args.default_max_tokens,
+        )
+        _progress(f"shim on http://{args.host}:{args.shim_port} serving model {settings.served_model_name!r}")
+        uvicorn.run(create_app(settings), host=args.host, port=args.shim_port, log_level="warning")
+    except ServerError as e:
+        _progress(str(e))
+        return 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        _progress("stopping tritonserver")
+        server.stop()
+    return 0
+
+
+def perf_analyzer(args: argparse.Namespace) -> int:
+    from .runtime import perf_analyzer as pa
+
+    return pa.run(args.args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tritonllm", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="run tritonserver on the model repository plus the HTTP shim")
+    p.add_argument("--model-dir", help=f"HF causal-LM directory (default: ${MODEL_DIR_ENV} or models/small)")
+    p.add_argument("--model-repository", default=str(DEFAULT_REPOSITORY))
+    p.add_argument("--served-model-name", help="name clients use (default: the model directory's name)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--shim-port", type=int, default=9000)
+    p.add_argument("--default-max-tokens", type=int, default=256, help="for chat requests without max_tokens")
+    p.set_defaults(func=serve)
+
+    p = sub.add_parser("build-demo-model", help="write the deterministic demo models (tiny, small)")
+    p.add_argument("--out", default=str(DEFAULT_MODELS))
+    p.add_argument("--name", action="append", choices=["tiny", "small"], help="build only these (repeatable)")
+    p.set_defaults(func=build_demo_model)
+
+    p = sub.add_parser("perf-analyzer", help="run perf_analyzer (fetched from the tritonclient 2.48.0 wheel)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to perf_analyzer")
+    p.set_defaults(func=perf_analyzer)
+
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

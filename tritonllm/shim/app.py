@@ -1,0 +1,37 @@
+"""The ASGI app: OpenAI and generate_stream routes over one gRPC connection to Triton."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from . import generate_api, openai_api
+from .errors import APIError, api_error_handler, validation_error_handler
+from .settings import ShimSettings
+from .triton_client import TritonLLMClient
+
+
+def create_app(settings: ShimSettings) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.triton = TritonLLMClient(settings.triton_grpc_url)
+        try:
+            yield
+        finally:
+            await app.state.triton.close()
+
+    app = FastAPI(title="tritonllm shim", lifespan=lifespan)
+    app.add_exception_handler(APIError, api_error_handler)
+    app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.include_router(openai_api.build_router(settings))
+    app.include_router(generate_api.build_router(settings))
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        ready = await app.state.triton.ready()
+        return JSONResponse({"status": "ok" if ready else "unavailable"}, status_code=200 if ready else 503)
+
+    return app

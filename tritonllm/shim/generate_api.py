@@ -1,0 +1,160 @@
+"""`POST /v2/models/{model}/generate_stream` and `/generate` in the format of the generate_stream spec."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import APIError, json_body
+from .generation import STOP_STRING, Piece, generate, until_disconnected
+from .settings import ShimSettings
+from .triton_client import GenerationRequest
+
+UINT64_MAX = (1 << 64) - 1
+INT32_MAX = 2147483647
+MAX_TEXT_CHARS = 4 * 1024 * 1024
+SPEC_FINISH = {"end_id": "eos_token", STOP_STRING: "stop_sequence", "length": "length"}
+
+
+class Parameters(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    details: bool = False
+    do_sample: bool | None = None
+    max_new_tokens: Annotated[int, Field(gt=0, le=INT32_MAX)] = 20
+    repetition_penalty: Annotated[float, Field(gt=0.0)] = 1.0
+    seed: Annotated[int, Field(gt=0, le=UINT64_MAX)] | None = None
+    temperature: Annotated[float, Field(gt=0.0)] = 1.0
+    top_k: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    batch_size: Annotated[int, Field(gt=0, le=INT32_MAX)] = 1
+    typical_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    watermark: bool = False
+    perf_stat: bool = False
+    priority: Annotated[int, Field(ge=1, le=5)] = 5
+    timeout: Annotated[int, Field(gt=0, le=3600)] = 600
+
+
+class GenerateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_-]+$")] | None = None
+    text_input: str | list[dict[str, Any]]
+    parameters: Parameters = Field(default_factory=Parameters)
+
+    def generation_request(self) -> GenerationRequest:
+        if not isinstance(self.text_input, str):
+            raise APIError(400, "text_input as a list needs a multimodal model; this one takes a string", "text_input")
+        if not 0 < len(self.text_input) <= MAX_TEXT_CHARS:
+            raise APIError(400, f"text_input must have 1 to {MAX_TEXT_CHARS} characters", "text_input")
+        p = self.parameters
+        for name, unsupported in (
+            ("parameters.repetition_penalty", p.repetition_penalty != 1.0),
+            ("parameters.typical_p", p.typical_p is not None),
+            ("parameters.watermark", p.watermark),
+        ):
+            if unsupported:
+                raise APIError(400, f"{name} is not supported by this server yet", name)
+        # do_sample false, or not given with no sampling field set, decodes greedily.
+        fields = p.model_fields_set
+        sample = p.do_sample if p.do_sample is not None else bool(fields & {"temperature", "top_k", "top_p", "seed"})
+        request = GenerationRequest(
+            max_tokens=p.max_new_tokens,
+            text=self.text_input,
+            temperature=p.temperature if sample else 0.0,
+            top_k=p.top_k if sample else None,
+            top_p=p.top_p if sample else None,
+            seed=p.seed,
+        )
+        if self.id:
+            request.request_id = self.id
+        return request
+
+
+def build_router(settings: ShimSettings) -> APIRouter:
+    router = APIRouter()
+
+    def prepare(model: str, body: GenerateRequest) -> GenerationRequest:
+        if model != settings.served_model_name:
+            raise APIError(404, f"model {model!r} does not exist; this server has {settings.served_model_name!r}")
+        return body.generation_request()
+
+    @router.post("/v2/models/{model}/generate_stream")
+    async def generate_stream(
+        request: Request, model: str, body: GenerateRequest = Depends(json_body(GenerateRequest))
+    ) -> StreamingResponse:
+        gen = prepare(model, body)
+        events = Events(model, body, gen)
+        pieces = generate(request.app.state.triton, gen, [])
+        return StreamingResponse(events.stream(pieces, body.parameters.timeout), media_type="text/event-stream")
+
+    @router.post("/v2/models/{model}/generate")
+    async def generate_whole(
+        request: Request, model: str, body: GenerateRequest = Depends(json_body(GenerateRequest))
+    ) -> JSONResponse:
+        gen = prepare(model, body)
+        gen.stream = False
+        events = Events(model, body, gen)
+
+        async def collect() -> dict:
+            text, last = "", None
+            async for piece in generate(request.app.state.triton, gen, []):
+                text, last = text + piece.text, piece
+            return events.event(text, last)
+
+        return JSONResponse(await until_disconnected(request, collect()))
+
+    return router
+
+
+class Events:
+    """Builds the spec's events: id, model_name, model_version, text_output, details, prefill/decode time."""
+
+    def __init__(self, model: str, body: GenerateRequest, gen: GenerationRequest) -> None:
+        self.model = model
+        self.details = body.parameters.details
+        self.id = gen.request_id
+        self.start = time.monotonic()
+        self.previous: float | None = None
+
+    def event(self, text: str, piece: Piece) -> dict:
+        now = time.monotonic()
+        first = self.previous is None
+        elapsed_ms = round((now - (self.start if first else self.previous)) * 1000, 3)
+        self.previous = now
+        out: dict[str, Any] = {"id": self.id, "model_name": self.model, "model_version": None, "text_output": text}
+        if self.details:
+            details: dict[str, Any] = {}
+            if piece.finish_reason:
+                details["finish_reason"] = SPEC_FINISH[piece.finish_reason]
+            details.update(
+                generated_tokens=piece.chunk.num_output_tokens,
+                first_token_cost=None,
+                decode_cost=None,
+                batch_size=piece.chunk.batch_size,
+                queue_wait_time=piece.chunk.queue_wait_us,
+            )
+            out["details"] = details
+        out["prefill_time"] = elapsed_ms if first else None
+        out["decode_time"] = None if first else elapsed_ms
+        return out
+
+    async def stream(self, pieces: AsyncIterator[Piece], timeout: float) -> AsyncIterator[str]:
+        deadline = self.start + timeout
+        try:
+            async with aclosing(pieces):
+                async for piece in pieces:
+                    if not piece.text and not piece.finish_reason:
+                        continue  # a token that completes no character yet
+                    yield f"data:{json.dumps(self.event(piece.text, piece), ensure_ascii=False)}\n\n"
+                    if time.monotonic() > deadline:
+                        raise APIError(408, f"request exceeded its timeout of {timeout:g} s", "parameters.timeout")
+        except APIError as e:
+            yield f"data:{json.dumps(e.body(), ensure_ascii=False)}\n\n"

@@ -1,0 +1,14 @@
+"""The shim's settings: where Triton is and how the served model is named."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ShimSettings:
+    triton_grpc_url: str = "127.0.0.1:8001"
+    served_model_name: str = "small"
+    default_max_tokens: int = 256  # chat requests that give no max_tokens
+    started: int = field(default_factory=lambda: int(time.time()))
