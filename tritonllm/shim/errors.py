@@ -6,9 +6,9 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from fastapi import Request
-from pydantic import BaseModel, ValidationError
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
 
 _TYPES = {400: "invalid_request_error", 404: "not_found_error", 422: "invalid_request_error", 500: "server_error"}
 

@@ -78,6 +78,9 @@ class GenerateRequest(BaseModel):
         return request
 
 
+GenerateBody = Annotated[GenerateRequest, Depends(json_body(GenerateRequest))]
+
+
 def build_router(settings: ShimSettings) -> APIRouter:
     router = APIRouter()
 
@@ -87,18 +90,14 @@ def build_router(settings: ShimSettings) -> APIRouter:
         return body.generation_request()
 
     @router.post("/v2/models/{model}/generate_stream")
-    async def generate_stream(
-        request: Request, model: str, body: GenerateRequest = Depends(json_body(GenerateRequest))
-    ) -> StreamingResponse:
+    async def generate_stream(request: Request, model: str, body: GenerateBody) -> StreamingResponse:
         gen = prepare(model, body)
         events = Events(model, body, gen)
         pieces = generate(request.app.state.triton, gen, [])
         return StreamingResponse(events.stream(pieces, body.parameters.timeout), media_type="text/event-stream")
 
     @router.post("/v2/models/{model}/generate")
-    async def generate_whole(
-        request: Request, model: str, body: GenerateRequest = Depends(json_body(GenerateRequest))
-    ) -> JSONResponse:
+    async def generate_whole(request: Request, model: str, body: GenerateBody) -> JSONResponse:
         gen = prepare(model, body)
         gen.stream = False
         events = Events(model, body, gen)
