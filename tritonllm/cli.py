@@ -85,10 +85,10 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def perf_analyzer(args: argparse.Namespace) -> int:
+def perf_analyzer(args: list[str]) -> int:
     from .runtime import perf_analyzer as pa
 
-    return pa.run(args.args)
+    return pa.run(args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,10 +112,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", action="append", choices=["tiny", "small"], help="build only these (repeatable)")
     p.set_defaults(func=build_demo_model)
 
-    p = sub.add_parser("perf-analyzer", help="run perf_analyzer (fetched from the tritonclient 2.48.0 wheel)")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to perf_analyzer")
-    p.set_defaults(func=perf_analyzer)
+    sub.add_parser(
+        "perf-analyzer",
+        help="perf_analyzer from the tritonclient 2.48.0 wheel; every later argument goes to it",
+        add_help=False,
+    )
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["perf-analyzer"]:
+        return perf_analyzer(argv[1:])
     args = parser.parse_args(argv)
     return args.func(args)
 

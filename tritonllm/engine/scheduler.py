@@ -45,10 +45,10 @@ class Scheduler:
         return [*self.running, *self.waiting]
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
-        """Ends `seq` wherever it is and returns its blocks to the pool."""
-        if seq.status is SequenceStatus.RUNNING:
+        """Ends `seq` wherever it is (running, queued, or never admitted) and returns its blocks to the pool."""
+        if seq in self.running:
             self.running.remove(seq)
-        elif seq.status is SequenceStatus.WAITING:
+        elif seq in self.waiting:
             self.waiting.remove(seq)
         self.blocks.free(seq)
         seq.status = SequenceStatus.FINISHED

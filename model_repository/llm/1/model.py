@@ -13,7 +13,7 @@ import triton_python_backend_utils as pb_utils
 from tritonllm.engine.engine import EngineConfig, LLMEngine
 from tritonllm.engine.engine_thread import EngineThread, Submission
 from tritonllm.engine.sampling_params import NO_END_ID, SamplingParams
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.sequence import FinishReason, Sequence
 from tritonllm.runtime.model_config import ModelParameters
 from tritonllm.tokenizer.detokenizer import CONTEXT_TOKENS
 
@@ -103,7 +103,7 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=FINAL)
                 continue
             streaming = bool(_scalar(request, "streaming", False))
-            self.thread.submit(Submission(seq, Responder(sender, streaming), sender.is_cancelled))
+            self.thread.submit(Submission(seq, Responder(sender, streaming, self.metrics), sender.is_cancelled))
         return None
 
     def finalize(self) -> None:
@@ -113,9 +113,10 @@ class TritonPythonModel:
 class Responder:
     """Turns engine outputs of one request into Triton responses; runs on the engine thread."""
 
-    def __init__(self, sender, streaming: bool) -> None:
+    def __init__(self, sender, streaming: bool, metrics: EngineMetrics) -> None:
         self.sender = sender
         self.streaming = streaming
+        self.metrics = metrics
 
     def __call__(self, out) -> None:
         seq = out.seq
@@ -137,6 +138,8 @@ class Responder:
             pb_utils.Tensor("batch_size", np.array([[out.batch_size]], dtype=np.int32)),
             pb_utils.Tensor("queue_wait_us", np.array([[int(seq.queue_wait() * 1e6)]], dtype=np.int64)),
         ]
+        if out.finished:
+            self.metrics.finished(seq.finish_reason)
         self.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if out.finished else 0)
 
 
@@ -162,6 +165,17 @@ class EngineMetrics:
         }
         self.metrics = {name: family.Metric(labels={}) for name, family in self.families.items()}
         self.last: dict[str, int] = {}
+        self.finished_family = pb_utils.MetricFamily(
+            name="tritonllm_requests_finished_total",
+            description="Requests ended, by finish reason",
+            kind=pb_utils.MetricFamily.COUNTER,
+        )
+        self.finished_by_reason = {
+            reason: self.finished_family.Metric(labels={"reason": reason.value}) for reason in FinishReason
+        }
+
+    def finished(self, reason: FinishReason) -> None:
+        self.finished_by_reason[reason].increment(1)
 
     def update(self, engine: LLMEngine) -> None:
         values = {

@@ -1,0 +1,63 @@
+"""The background engine thread: callbacks, cancellation by request id and by probe, blocks returned."""
+
+from __future__ import annotations
+
+import threading
+
+from tritonllm.engine.engine import EngineConfig, LLMEngine
+from tritonllm.engine.engine_thread import EngineThread, Submission
+from tritonllm.engine.sampling_params import SamplingParams
+from tritonllm.engine.sequence import FinishReason, Sequence
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.reason: FinishReason | None = None
+        self.done = threading.Event()
+        self.first = threading.Event()
+
+    def __call__(self, out) -> None:
+        self.tokens += out.new_token_ids
+        self.first.set()
+        if out.finished:
+            self.reason = out.seq.finish_reason
+            self.done.set()
+
+
+def test_thread_streams_cancels_and_frees_blocks(tiny_model_dir):
+    engine = LLMEngine(EngineConfig(str(tiny_model_dir), num_kv_blocks=256, block_size=8))
+    thread = EngineThread(engine)
+    thread.start()
+    try:
+        finished, by_id, by_probe = Collector(), Collector(), Collector()
+        probe = threading.Event()
+        thread.submit(Submission(Sequence([5, 6, 7], SamplingParams(max_tokens=8), request_id="a"), finished))
+        thread.submit(Submission(Sequence([5, 6, 7], SamplingParams(max_tokens=1500), request_id="b"), by_id))
+        thread.submit(
+            Submission(Sequence([8, 9], SamplingParams(max_tokens=1500), request_id="c"), by_probe, probe.is_set)
+        )
+        assert by_id.first.wait(30) and by_probe.first.wait(30)
+        thread.cancel("b")
+        probe.set()
+        for c in (finished, by_id, by_probe):
+            assert c.done.wait(30)
+        assert finished.reason is FinishReason.LENGTH and len(finished.tokens) == 8
+        assert by_id.reason is FinishReason.CANCELLED and len(by_id.tokens) < 1500
+        assert by_probe.reason is FinishReason.CANCELLED and len(by_probe.tokens) < 1500
+    finally:
+        thread.shutdown()
+    assert engine.blocks.num_free == engine.blocks.num_blocks
+
+
+def test_a_sequence_the_engine_cannot_admit_ends_with_error(tiny_model_dir):
+    engine = LLMEngine(EngineConfig(str(tiny_model_dir), num_kv_blocks=16, block_size=8))
+    thread = EngineThread(engine)
+    thread.start()
+    try:
+        bad = Collector()
+        thread.submit(Submission(Sequence([], SamplingParams(max_tokens=4)), bad))
+        assert bad.done.wait(30)
+        assert bad.reason is FinishReason.ERROR
+    finally:
+        thread.shutdown()
