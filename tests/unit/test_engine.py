@@ -88,7 +88,9 @@ def test_seeded_sampling_does_not_depend_on_the_batch(tiny_model_dir):
     alone = Sequence(prompt, params)
     run(make_engine(tiny_model_dir), [alone])
 
-    crowd = [Sequence(p, SamplingParams(max_tokens=32, temperature=1.0, seed=i)) for i, p in enumerate(random_prompts(15, 5))]
+    crowd = [
+        Sequence(p, SamplingParams(max_tokens=32, temperature=1.0, seed=i)) for i, p in enumerate(random_prompts(15, 5))
+    ]
     together = Sequence(prompt, params)
     engine = make_engine(tiny_model_dir)
     run(engine, [*crowd[:7], together, *crowd[7:]])

@@ -1,0 +1,198 @@
+"""The model repository on a real tritonserver, through real tritonclient gRPC and Triton's HTTP API."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from oracles import greedy_ids, greedy_text
+from tritonclient.utils import InferenceServerException
+
+from .conftest import Stream, metric, tensor, wait_for
+
+PROMPTS = ["Hello 你好", "The quick brown fox", "😀 emoji 🎉 and", "数据 model token batch"]
+
+
+def ensemble_inputs(text: str, max_tokens: int, stream: bool = True) -> list:
+    return [
+        tensor("text_input", [[text.encode()]], "BYTES"),
+        tensor("max_tokens", [[max_tokens]], "INT32"),
+        tensor("stream", [[stream]], "BOOL"),
+    ]
+
+
+def llm_inputs(ids: list[int], max_tokens: int, streaming: bool = True) -> list:
+    return [
+        tensor("input_ids", [ids], "INT32"),
+        tensor("request_output_len", [[max_tokens]], "INT32"),
+        tensor("streaming", [[streaming]], "BOOL"),
+    ]
+
+
+def text_of(results) -> str:
+    return "".join(r.as_numpy("text_output").reshape(-1)[0].decode() for r in results)
+
+
+def test_ensemble_grpc_stream_equals_transformers_and_non_stream(stream, tokenizer, hf_model):
+    prompt = PROMPTS[0]
+    expected, ids = greedy_text(hf_model, tokenizer, tokenizer.encode(prompt), 24)
+    s = stream()
+    s.send("ensemble", ensemble_inputs(prompt, 24), request_id="ens-1")
+    streamed = s.until_final()
+    s.send("ensemble", ensemble_inputs(prompt, 24, stream=False), request_id="ens-2")
+    whole = s.until_final()
+    assert len(whole) == 1
+    assert text_of(streamed) == text_of(whole) == expected
+    last = streamed[-1]
+    assert last.as_numpy("num_output_tokens").item() == len(ids)
+    assert last.as_numpy("num_input_tokens").item() == len(tokenizer.encode(prompt))
+    assert last.as_numpy("finish_reason").item().decode() == ("end_id" if len(ids) < 24 else "length")
+
+
+def test_llm_grpc_ids_in_ids_out(stream, hf_model):
+    prompt = [11, 250, 3000, 42, 7]
+    expected = greedy_ids(hf_model, prompt, 16)
+    s = stream()
+    s.send("llm", llm_inputs(prompt, 16), request_id="llm-1")
+    streamed = s.until_final()
+    assert [r.as_numpy("output_ids").reshape(-1).tolist() for r in streamed] == [[t] for t in expected]
+    assert all(r.as_numpy("sequence_length").tolist() == [[1]] for r in streamed)
+    s.send("llm", llm_inputs(prompt, 16, streaming=False), request_id="llm-2")
+    (whole,) = s.until_final()
+    assert whole.as_numpy("output_ids").shape == (1, 1, 16)
+    assert whole.as_numpy("output_ids").reshape(-1).tolist() == expected
+
+
+def test_triton_http_generate_stream_on_the_ensemble(triton, tokenizer, hf_model):
+    prompt = PROMPTS[2]
+    expected, _ = greedy_text(hf_model, tokenizer, tokenizer.encode(prompt), 20)
+
+    def post(route: str, body: dict) -> str:
+        req = urllib.request.Request(f"{triton.http_url}/v2/models/ensemble/{route}", data=json.dumps(body).encode())
+        return urllib.request.urlopen(req, timeout=60).read().decode()
+
+    events = [
+        json.loads(line[len("data:") :])
+        for line in post("generate_stream", {"text_input": prompt, "max_tokens": 20, "stream": True}).splitlines()
+        if line.startswith("data:")
+    ]
+    whole = json.loads(post("generate", {"text_input": prompt, "max_tokens": 20, "stream": False}))
+    assert "".join(e["text_output"] for e in events) == whole["text_output"] == expected
+    assert events[-1]["finish_reason"] in ("length", "end_id")
+    assert all(not e["finish_reason"] for e in events[:-1])
+
+
+def test_32_concurrent_streams_complete_correctly_in_one_batch(triton, tokenizer, hf_model):
+    prompts = [f"{PROMPTS[i % 4]} {i}" for i in range(32)]
+    expected = [greedy_text(hf_model, tokenizer, tokenizer.encode(p), 32)[0] for p in prompts]
+
+    def one(i: int) -> tuple[str, int]:
+        s = Stream(triton.grpc_url)
+        try:
+            s.send("ensemble", ensemble_inputs(prompts[i], 32), request_id=f"many-{i}")
+            results = s.until_final()
+        finally:
+            s.close()
+        return text_of(results), max(r.as_numpy("batch_size").item() for r in results)
+
+    with ThreadPoolExecutor(32) as pool:
+        outcomes = list(pool.map(one, range(32)))
+    assert [text for text, _ in outcomes] == expected
+    assert max(batch for _, batch in outcomes) > 1
+
+
+def blocks_released(triton) -> bool:
+    return metric(triton, "tritonllm_kv_blocks_used") == 0 and metric(triton, "tritonllm_requests_running") == 0
+
+
+def cancelled_count(triton) -> float:
+    return metric(triton, "tritonllm_requests_finished_total", 'reason="cancelled"')
+
+
+def test_cancelling_a_direct_llm_stream_frees_its_blocks(triton, stream):
+    before = cancelled_count(triton)
+    s = stream()
+    s.send("llm", llm_inputs([5, 6, 7, 8], 1900), request_id="cancel-direct")
+    for _ in range(3):
+        s.next()
+    assert metric(triton, "tritonllm_kv_blocks_used") > 0
+    s.cancel()
+    assert wait_for(lambda: cancelled_count(triton) == before + 1)
+    assert wait_for(lambda: blocks_released(triton))
+
+
+def test_stop_request_ends_an_ensemble_stream_with_a_final_response(triton, stream):
+    before = cancelled_count(triton)
+    s = stream()
+    s.send("ensemble", ensemble_inputs("Hello", 1900), request_id="cancel-ensemble")
+    for _ in range(3):
+        s.next()
+    stopper = stream()
+    stopper.send("llm", [tensor("stop", [[True]], "BOOL")], request_id="cancel-ensemble")
+    stopper.next()
+    last = s.until_final()[-1]
+    assert last.as_numpy("finish_reason").item() == b"cancelled"
+    assert last.as_numpy("num_output_tokens").item() < 1900
+    assert cancelled_count(triton) == before + 1
+    assert wait_for(lambda: blocks_released(triton))
+
+
+def test_a_cancelled_ensemble_stream_plus_stop_frees_its_blocks(triton, stream):
+    """What the shim does when its HTTP client goes away: cancel the stream and send the stop request."""
+    before = cancelled_count(triton)
+    s = stream()
+    s.send("ensemble", ensemble_inputs("Hello", 1900), request_id="cancel-both")
+    for _ in range(3):
+        s.next()
+    s.cancel()
+    stream().send("llm", [tensor("stop", [[True]], "BOOL")], request_id="cancel-both")
+    assert wait_for(lambda: cancelled_count(triton) == before + 1)
+    assert wait_for(lambda: blocks_released(triton))
+
+
+@pytest.mark.parametrize(
+    ("model", "inputs", "field"),
+    [
+        ("llm", llm_inputs([1, 2, 999999], 4), "input_ids"),
+        ("llm", [tensor("input_ids", [[1, 2]], "INT32")], "request_output_len"),
+        ("llm", [*llm_inputs([1, 2], 4), tensor("runtime_top_p", [[1.5]], "FP32")], "runtime_top_p"),
+        ("ensemble", ensemble_inputs("hi", 0), "max_tokens"),
+        ("ensemble", [tensor("max_tokens", [[4]], "INT32")], "text_input"),
+    ],
+)
+def test_bad_input_gets_an_error_naming_the_tensor(stream, model, inputs, field):
+    s = stream()
+    s.send(model, inputs)
+    with pytest.raises(InferenceServerException, match=field):
+        s.next()
+    s.send("llm", llm_inputs([1, 2, 3], 2))
+    assert len(s.until_final()) == 2  # the server keeps serving
+
+
+def test_perf_analyzer_streams_against_the_ensemble(triton, tmp_path):
+    data = Path(__file__).resolve().parents[2] / "client" / "perf_analyzer_input.json"
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "tritonllm.cli", "perf-analyzer"),
+            *("-m", "ensemble", "-i", "grpc", "-u", triton.grpc_url, "--streaming"),
+            *("--input-data", str(data), "--concurrency-range", "4"),
+            # Three windows of 8 requests each: perf_analyzer needs three to call a measurement stable.
+            *("--measurement-mode", "count_windows", "--measurement-request-count", "8"),
+            *("--stability-percentage", "999"),
+            *("--profile-export-file", str(tmp_path / "profile.json")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "throughput" in proc.stdout
+    # Its export embeds raw response bytes; only the timestamps matter here.
+    profile = json.loads((tmp_path / "profile.json").read_bytes().decode("utf-8", "replace"))
+    requests = profile["experiments"][0]["requests"]
+    assert requests and sum(len(r["response_timestamps"]) for r in requests) > 10 * len(requests)  # streamed
