@@ -1,4 +1,4 @@
-"""Fixtures shared by every test: the demo model folder (built on first use)."""
+"""Fixtures shared by every test: the demo model (built on first use) and a real tritonserver."""
 
 from __future__ import annotations
 
@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from tritonllm.runtime.model_config import MODEL_DIR_ENV
+from tritonllm.runtime.tritonserver import TritonServer, free_port
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+REPOSITORY = PROJECT_ROOT / "model_repository"
 MODELS = Path(os.environ.get("TRITONLLM_TEST_MODELS", PROJECT_ROOT / "models"))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -36,3 +40,19 @@ def hf_model(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+
+
+@pytest.fixture(scope="session")
+def triton(tiny_model_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
+    server = TritonServer(
+        REPOSITORY,
+        http_port=free_port(),
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+        env={MODEL_DIR_ENV: str(tiny_model_dir)},
+        log_file=log,
+    )
+    server.start()
+    yield server
+    server.stop()

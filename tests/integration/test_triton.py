@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 from oracles import greedy_ids, greedy_text
+from triton_helpers import Stream, metric, tensor, wait_for
 from tritonclient.utils import InferenceServerException
-
-from .conftest import Stream, metric, tensor, wait_for
 
 PROMPTS = ["Hello 你好", "The quick brown fox", "😀 emoji 🎉 and", "数据 model token batch"]
 

@@ -1,0 +1,38 @@
+"""The shim, served by uvicorn on a free loopback port, in front of the integration tests' tritonserver."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import uvicorn
+
+from tritonllm.runtime.tritonserver import free_port
+from tritonllm.shim.app import create_app
+from tritonllm.shim.settings import ShimSettings
+
+MODEL = "tiny"
+
+
+@pytest.fixture(scope="session")
+def shim_url(triton):
+    port = free_port()
+    app = create_app(ShimSettings(triton_grpc_url=triton.grpc_url, served_model_name=MODEL, default_max_tokens=32))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.started, "the shim did not start"
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture(scope="session")
+def openai_client(shim_url):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{shim_url}/v1", api_key="unused", max_retries=0)
