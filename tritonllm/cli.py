@@ -1,4 +1,4 @@
-"""One command line: serve, build-demo-model, perf-analyzer."""
+"""One command line: serve, shim, build-demo-model, perf-analyzer."""
 
 from __future__ import annotations
 
@@ -85,6 +85,23 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def shim(args: argparse.Namespace) -> int:
+    """Only the HTTP shim, in front of a tritonserver that runs elsewhere (e.g. the official container)."""
+    import uvicorn
+
+    from .shim.app import create_app
+    from .shim.settings import ShimSettings
+
+    settings = ShimSettings(
+        triton_grpc_url=args.triton_grpc_url,
+        served_model_name=args.served_model_name,
+        default_max_tokens=args.default_max_tokens,
+    )
+    _progress(f"shim on http://{args.host}:{args.port} -> triton {args.triton_grpc_url}")
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 def perf_analyzer(args: list[str]) -> int:
     from .runtime import perf_analyzer as pa
 
@@ -106,6 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shim-port", type=int, default=9000)
     p.add_argument("--default-max-tokens", type=int, default=256, help="for chat requests without max_tokens")
     p.set_defaults(func=serve)
+
+    p = sub.add_parser("shim", help="run only the HTTP shim against a running tritonserver")
+    p.add_argument("--triton-grpc-url", default="127.0.0.1:8001")
+    p.add_argument("--served-model-name", default="small")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=9000)
+    p.add_argument("--default-max-tokens", type=int, default=256, help="for chat requests without max_tokens")
+    p.set_defaults(func=shim)
 
     p = sub.add_parser("build-demo-model", help="write the deterministic demo models (tiny, small)")
     p.add_argument("--out", default=str(DEFAULT_MODELS))

@@ -1,0 +1,67 @@
+"""Text in, text out: stream tokens from the `ensemble` with tritonclient over gRPC.
+
+    python client/grpc_stream_ensemble.py "Hello, who are you?" --max-tokens 64
+
+Ctrl-C ends the generation on the server too: Triton does not pass a cancelled stream into the ensemble's
+steps, so the example also sends `llm` a `stop` request carrying the same request id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import uuid
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+
+def tensor(name: str, array: np.ndarray, datatype: str) -> grpcclient.InferInput:
+    t = grpcclient.InferInput(name, list(array.shape), datatype)
+    t.set_data_from_numpy(array)
+    return t
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("prompt")
+    parser.add_argument("--url", default="127.0.0.1:8001")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, help="leave out for greedy decoding")
+    args = parser.parse_args()
+
+    inputs = [
+        tensor("text_input", np.array([[args.prompt.encode()]], dtype=np.object_), "BYTES"),
+        tensor("max_tokens", np.array([[args.max_tokens]], dtype=np.int32), "INT32"),
+        tensor("stream", np.array([[True]]), "BOOL"),
+    ]
+    if args.temperature is not None:
+        inputs.append(tensor("temperature", np.array([[args.temperature]], dtype=np.float32), "FP32"))
+
+    request_id = uuid.uuid4().hex
+    responses: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(args.url)
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    client.async_stream_infer("ensemble", inputs, request_id=request_id)
+    try:
+        while True:
+            result, error = responses.get()
+            if error is not None:
+                raise SystemExit(f"error: {error}")
+            print(result.as_numpy("text_output").reshape(-1)[0].decode(), end="", flush=True)
+            reason = result.as_numpy("finish_reason").reshape(-1)[0].decode()
+            if reason:
+                print(f"\n[finish_reason={reason}, tokens={result.as_numpy('num_output_tokens').item()}]")
+                break
+    except KeyboardInterrupt:
+        client.stop_stream(cancel_requests=True)
+        client.start_stream(callback=lambda *_: None)
+        client.async_stream_infer("llm", [tensor("stop", np.array([[True]]), "BOOL")], request_id=request_id)
+        print("\n[cancelled]")
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+if __name__ == "__main__":
+    main()
