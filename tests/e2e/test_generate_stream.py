@@ -19,8 +19,10 @@ def sse_events(shim_url: str, body: dict) -> list[dict]:
         assert r.status_code == 200
         raw = r.read().decode()
     blocks = [b for b in raw.split("\n\n") if b]
-    assert all(b.startswith("data:{") for b in blocks), raw
-    return [json.loads(b[len("data:") :]) for b in blocks]
+    events = [json.loads(b[len("data:") :]) for b in blocks]
+    # Compact JSON right after "data:", as in the spec's examples.
+    assert blocks == ["data:" + json.dumps(e, ensure_ascii=False, separators=(",", ":")) for e in events]
+    return events
 
 
 def test_events_follow_the_spec_and_join_to_the_generate_text(shim_url, tokenizer, hf_model):

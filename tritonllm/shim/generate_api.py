@@ -113,6 +113,11 @@ def build_router(settings: ShimSettings) -> APIRouter:
     return router
 
 
+def _event_line(payload: dict) -> str:
+    """One SSE event, compact JSON after `data:` as in the spec's examples."""
+    return f"data:{json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
 class Events:
     """Builds the spec's events: id, model_name, model_version, text_output, details, prefill/decode time."""
 
@@ -152,8 +157,8 @@ class Events:
                 async for piece in pieces:
                     if not piece.text and not piece.finish_reason:
                         continue  # a token that completes no character yet
-                    yield f"data:{json.dumps(self.event(piece.text, piece), ensure_ascii=False)}\n\n"
+                    yield _event_line(self.event(piece.text, piece))
                     if time.monotonic() > deadline:
                         raise APIError(408, f"request exceeded its timeout of {timeout:g} s", "parameters.timeout")
         except APIError as e:
-            yield f"data:{json.dumps(e.body(), ensure_ascii=False)}\n\n"
+            yield _event_line(e.body())
