@@ -37,8 +37,8 @@ test-slow: install $(MODELS)/tiny/config.json
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check tritonllm model_repository tests client bench
-	$(VENV)/bin/ruff format --check tritonllm model_repository tests client bench
+	$(VENV)/bin/ruff check tritonllm model_repository tests client
+	$(VENV)/bin/ruff format --check tritonllm model_repository tests client
 
 perf-analyzer: install
 	$(CLI) perf-analyzer --version

@@ -10,12 +10,7 @@ import queue
 
 import numpy as np
 import tritonclient.grpc as grpcclient
-
-
-def tensor(name: str, array: np.ndarray, datatype: str) -> grpcclient.InferInput:
-    t = grpcclient.InferInput(name, list(array.shape), datatype)
-    t.set_data_from_numpy(array)
-    return t
+from triton_tensors import tensor
 
 
 def main() -> None:

@@ -113,12 +113,22 @@ def cancelled_count(triton) -> float:
     return metric(triton, "tritonllm_requests_finished_total", 'reason="cancelled"')
 
 
-def test_cancelling_a_direct_llm_stream_frees_its_blocks(triton, stream):
-    before = cancelled_count(triton)
+def long_running(stream, model: str, inputs: list, request_id: str) -> Stream:
+    """A stream of a 1900-token generation that has produced a few tokens already."""
     s = stream()
-    s.send("llm", llm_inputs([5, 6, 7, 8], 1900), request_id="cancel-direct")
+    s.send(model, inputs, request_id=request_id)
     for _ in range(3):
         s.next()
+    return s
+
+
+def send_stop(stream, request_id: str) -> None:
+    stream().send("llm", [tensor("stop", [[True]], "BOOL")], request_id=request_id)
+
+
+def test_cancelling_a_direct_llm_stream_frees_its_blocks(triton, stream):
+    before = cancelled_count(triton)
+    s = long_running(stream, "llm", llm_inputs([5, 6, 7, 8], 1900), "cancel-direct")
     assert metric(triton, "tritonllm_kv_blocks_used") > 0
     s.cancel()
     assert wait_for(lambda: cancelled_count(triton) == before + 1)
@@ -127,13 +137,8 @@ def test_cancelling_a_direct_llm_stream_frees_its_blocks(triton, stream):
 
 def test_stop_request_ends_an_ensemble_stream_with_a_final_response(triton, stream):
     before = cancelled_count(triton)
-    s = stream()
-    s.send("ensemble", ensemble_inputs("Hello", 1900), request_id="cancel-ensemble")
-    for _ in range(3):
-        s.next()
-    stopper = stream()
-    stopper.send("llm", [tensor("stop", [[True]], "BOOL")], request_id="cancel-ensemble")
-    stopper.next()
+    s = long_running(stream, "ensemble", ensemble_inputs("Hello", 1900), "cancel-ensemble")
+    send_stop(stream, "cancel-ensemble")
     last = s.until_final()[-1]
     assert last.as_numpy("finish_reason").item() == b"cancelled"
     assert last.as_numpy("num_output_tokens").item() < 1900
@@ -144,12 +149,9 @@ def test_stop_request_ends_an_ensemble_stream_with_a_final_response(triton, stre
 def test_a_cancelled_ensemble_stream_plus_stop_frees_its_blocks(triton, stream):
     """What the shim does when its HTTP client goes away: cancel the stream and send the stop request."""
     before = cancelled_count(triton)
-    s = stream()
-    s.send("ensemble", ensemble_inputs("Hello", 1900), request_id="cancel-both")
-    for _ in range(3):
-        s.next()
+    s = long_running(stream, "ensemble", ensemble_inputs("Hello", 1900), "cancel-both")
     s.cancel()
-    stream().send("llm", [tensor("stop", [[True]], "BOOL")], request_id="cancel-both")
+    send_stop(stream, "cancel-both")
     assert wait_for(lambda: cancelled_count(triton) == before + 1)
     assert wait_for(lambda: blocks_released(triton))
 

@@ -57,7 +57,7 @@ def _sampling_params(request) -> SamplingParams:
         temperature=float(1.0 if temperature is None else temperature) if sampled else 0.0,
         top_k=int(top_k or 0),
         top_p=float(1.0 if top_p is None else top_p),
-        seed=None if seed is None else int(seed) % (1 << 63),
+        seed=None if seed is None else int(seed),
         end_id=int(end_id),
     )
 
