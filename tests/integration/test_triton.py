@@ -9,10 +9,14 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from oracles import greedy_ids, greedy_text
 from triton_helpers import Stream, metric, tensor, wait_for
 from tritonclient.utils import InferenceServerException
+
+from tritonllm.tokenizer.word_lists import encode_word_list
 
 PROMPTS = ["Hello 你好", "The quick brown fox", "😀 emoji 🎉 and", "数据 model token batch"]
 
@@ -197,3 +201,55 @@ def test_perf_analyzer_streams_against_the_ensemble(triton, tmp_path):
     profile = json.loads((tmp_path / "profile.json").read_bytes().decode("utf-8", "replace"))
     requests = profile["experiments"][0]["requests"]
     assert requests and sum(len(r["response_timestamps"]) for r in requests) > 10 * len(requests)  # streamed
+
+
+def test_llm_processing_and_log_prob_tensors_equal_generate(stream, hf_model):
+    prompt = [11, 250, 3000, 42, 7, 11, 250]
+    free = greedy_ids(hf_model, prompt, 16)
+    bad, stop = [[free[1]]], [[9999 % 4096, 17], [free[10]]]
+    bias = np.zeros((1, 4096), dtype=np.float32)
+    bias[0, free[3]] = -5.0
+    extra = [
+        tensor("repetition_penalty", [[1.3]], "FP32"),
+        tensor("no_repeat_ngram_size", [[2]], "INT32"),
+        tensor("bad_words_list", encode_word_list(bad)[None], "INT32"),
+        tensor("stop_words_list", encode_word_list(stop)[None], "INT32"),
+        tensor("embedding_bias", bias, "FP32"),
+        tensor("return_log_probs", [[True]], "BOOL"),
+        tensor("num_top_log_probs", [[2]], "INT32"),
+        tensor("return_generation_logits", [[True]], "BOOL"),
+        tensor("return_context_logits", [[True]], "BOOL"),
+    ]
+    ref = hf_model.generate(
+        torch.tensor([prompt]),
+        do_sample=False,
+        max_new_tokens=16,
+        pad_token_id=0,
+        eos_token_id=None,
+        repetition_penalty=1.3,
+        no_repeat_ngram_size=2,
+        bad_words_ids=bad,
+        sequence_bias={(free[3],): -5.0},
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    expected = ref.sequences[0, len(prompt) :].tolist()
+    if stop[1][0] in expected:  # the stop word ends the output right after it
+        expected = expected[: expected.index(stop[1][0]) + 1]
+    raw = torch.cat(ref.logits)[: len(expected)]
+    s = stream()
+    s.send("llm", [*llm_inputs(prompt, 16, streaming=False), *extra])
+    (whole,) = s.until_final()
+    assert whole.as_numpy("output_ids").reshape(-1).tolist() == expected
+    logprobs = torch.log_softmax(raw, -1)[torch.arange(len(expected)), torch.tensor(expected)]
+    assert np.allclose(whole.as_numpy("output_log_probs").reshape(-1), logprobs.numpy(), atol=1e-4)
+    assert np.isclose(whole.as_numpy("cum_log_probs").item(), logprobs.sum().item(), atol=1e-3)
+    assert whole.as_numpy("top_log_prob_ids").shape == (1, 1, len(expected), 2)
+    assert np.allclose(whole.as_numpy("generation_logits")[0, 0], raw.numpy(), atol=1e-4)
+    assert whole.as_numpy("context_logits").shape == (1, len(prompt), 4096)
+
+    s.send("llm", [*llm_inputs(prompt, 16, streaming=True), *extra])
+    streamed = s.until_final()
+    assert [r.as_numpy("output_ids").item() for r in streamed] == expected
+    assert np.allclose([r.as_numpy("output_log_probs").item() for r in streamed], logprobs.numpy(), atol=1e-4)
+    assert streamed[-1].as_numpy("finish_reason").item() in (b"stop_words", b"length")

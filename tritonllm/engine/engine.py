@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from .block_manager import BlockManager
+from .logits_processors import ends_with_stop_word
 from .model_runner import ModelRunner
-from .sampler import sample
+from .sampler import Sampled, sample
 from .scheduler import Scheduler
 from .sequence import FinishReason, Sequence
 
@@ -77,21 +80,35 @@ class LLMEngine:
             return outputs
         self.last_batch_size = len(chunks)
         sampling = [c for c in chunks if c.samples]
-        logits = self.runner.forward(chunks)
+        logits, context_logits = self.runner.forward(chunks)
+        for index, rows in context_logits.items():
+            chunks[index].seq.context_logits.extend(rows)
         for chunk in chunks:
             chunk.seq.num_computed += chunk.num_tokens
         seqs = [c.seq for c in sampling]
-        for seq, token in zip(seqs, sample(logits, seqs), strict=False):
-            seq.token_ids.append(token)
-            reason = self._finish_reason(seq, token)
+        for i, (seq, sampled) in enumerate(zip(seqs, sample(logits, seqs), strict=True)):
+            self._record(seq, sampled, logits[i])
+            reason = self._finish_reason(seq, sampled.token)
             if reason is not None:
                 self.scheduler.finish(seq, reason)
-            outputs.append(StepOutput(seq, [token], len(chunks)))
+            outputs.append(StepOutput(seq, [sampled.token], len(chunks)))
         return outputs
+
+    @staticmethod
+    def _record(seq: Sequence, sampled: Sampled, raw_logits: torch.Tensor) -> None:
+        seq.token_ids.append(sampled.token)
+        if sampled.logprob is not None:
+            seq.logprobs.append(sampled.logprob)
+        if sampled.top_ids is not None:
+            seq.top_logprobs.append((sampled.top_ids, sampled.top_logprobs))
+        if seq.params.return_generation_logits:
+            seq.generation_logits.append(raw_logits.clone())
 
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         if token == seq.params.end_id:
             return FinishReason.END_ID
+        if seq.params.stop_words and ends_with_stop_word(seq):
+            return FinishReason.STOP_WORDS
         if seq.num_output_tokens >= seq.params.max_tokens or len(seq.token_ids) >= self.max_model_len:
             return FinishReason.LENGTH
         return None

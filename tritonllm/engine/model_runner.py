@@ -69,18 +69,29 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def forward(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
-        """Runs the chunks as one packed batch; returns float32 logits [num_sampling_chunks, vocab]."""
+    def forward(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Runs the chunks as one packed batch.
+
+        Returns float32 logits [num_sampling_chunks, vocab] for the chunks that sample, and, for sequences that
+        asked for context logits, the logits of this chunk's prompt positions not recorded yet, by chunk index.
+        """
         input_ids, positions, slots, sample_rows = [], [], [], []
-        for chunk in chunks:
+        context_rows: dict[int, list[int]] = {}
+        for index, chunk in enumerate(chunks):
             seq, start = chunk.seq, chunk.seq.num_computed
             end = start + chunk.num_tokens
+            offset = len(input_ids)
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
             slots.extend(self.blocks.slot(seq, p) for p in range(start, end))
+            if seq.params.return_context_logits:
+                wanted = range(max(start, len(seq.context_logits)), min(end, seq.num_prompt_tokens))
+                if wanted:
+                    context_rows[index] = [offset + p - start for p in wanted]
             if chunk.samples:
                 sample_rows.append(len(input_ids) - 1)
         dev = self.device
+        keep = sample_rows + [r for rows in context_rows.values() for r in rows]
         batch = PagedBatch(
             cache=self.cache,
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
@@ -90,10 +101,15 @@ class ModelRunner:
             input_ids=torch.tensor([input_ids], device=dev),
             position_ids=torch.tensor([positions], device=dev),
             use_cache=False,
-            logits_to_keep=torch.tensor(sample_rows or [0], device=dev),
+            logits_to_keep=torch.tensor(keep or [0], device=dev),
             paged_batch=batch,
         )
-        return out.logits[0, : len(sample_rows)].float()
+        logits = out.logits[0].float()
+        context, at = {}, len(sample_rows)
+        for index, rows in context_rows.items():
+            context[index] = logits[at : at + len(rows)]
+            at += len(rows)
+        return logits[: len(sample_rows)], context
 
     def _groups(self, chunks: list[ScheduledChunk]) -> list[AttentionGroup]:
         decodes, offset = [], 0

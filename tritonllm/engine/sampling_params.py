@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import torch
 
 NO_END_ID = -1
 
@@ -15,8 +17,33 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     end_id: int = NO_END_ID
-    # Which request-level fields the engine honours grows in later issues (penalties, beams, ...).
+    # Logits processing, in transformers' order (see logits_processors.py).
+    embedding_bias: torch.Tensor | None = None  # [vocab], added to the logits
+    repetition_penalty: float = 1.0  # over prompt and output, as transformers
+    presence_penalty: float = 0.0  # over output tokens, as OpenAI and vLLM
+    frequency_penalty: float = 0.0
+    no_repeat_ngram_size: int = 0
+    bad_words: list[list[int]] = field(default_factory=list)
+    min_tokens: int = 0  # end_id is banned until this many tokens were generated
+    stop_words: list[list[int]] = field(default_factory=list)  # generation ends after any of these
+    # What to report back.
+    return_log_probs: bool = False
+    top_log_probs: int = 0  # alternatives per token, with their log-probabilities
+    return_context_logits: bool = False
+    return_generation_logits: bool = False
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0 or self.top_k == 1
+
+    @property
+    def processes_logits(self) -> bool:
+        return bool(
+            self.embedding_bias is not None
+            or self.repetition_penalty != 1.0
+            or self.presence_penalty
+            or self.frequency_penalty
+            or self.no_repeat_ngram_size
+            or self.bad_words
+            or self.min_tokens
+        )

@@ -23,6 +23,7 @@ class SequenceStatus(Enum):
 class FinishReason(str, Enum):
     END_ID = "end_id"  # the request's end token was generated
     LENGTH = "length"  # request_output_len, or the model's / the KV pool's capacity
+    STOP_WORDS = "stop_words"  # the output ended with one of the request's stop words
     CANCELLED = "cancelled"
     ERROR = "error"  # the engine failed while serving it
 
@@ -41,6 +42,11 @@ class Sequence:
     arrival_time: float = field(default_factory=time.monotonic)
     first_scheduled_time: float | None = None
     generator: torch.Generator | None = field(init=False, default=None)
+    # Reported back when the request asks (see SamplingParams).
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[tuple[list[int], list[float]]] = field(default_factory=list)
+    context_logits: list[torch.Tensor] = field(default_factory=list)  # one [vocab] row per prompt position
+    generation_logits: list[torch.Tensor] = field(default_factory=list)  # one [vocab] row per output token
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_ids)

@@ -8,68 +8,17 @@ clients of the ensemble (into whose steps Triton forwards no cancellation) end a
 from __future__ import annotations
 
 import numpy as np
+import torch
 import triton_python_backend_utils as pb_utils
 
+from tritonllm.engine import inference_request
 from tritonllm.engine.engine import EngineConfig, LLMEngine
 from tritonllm.engine.engine_thread import EngineThread, Submission
-from tritonllm.engine.sampling_params import NO_END_ID, SamplingParams
 from tritonllm.engine.sequence import FinishReason, Sequence
 from tritonllm.runtime.model_config import ModelParameters
 from tritonllm.tokenizer.detokenizer import CONTEXT_TOKENS
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-UINT64_MAX = (1 << 64) - 1
-
-
-def _scalar(request, name: str, default=None):
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    if tensor is None:
-        return default
-    array = tensor.as_numpy()
-    if array.size != 1:
-        raise ValueError(f"{name} must hold exactly one value, got shape {list(array.shape)}")
-    return array.reshape(-1)[0].item()
-
-
-def _sampling_params(request) -> SamplingParams:
-    max_tokens = _scalar(request, "request_output_len")
-    if max_tokens is None:
-        raise ValueError("request_output_len is required")
-    if max_tokens < 1:
-        raise ValueError(f"request_output_len must be >= 1, got {max_tokens}")
-    temperature = _scalar(request, "temperature")
-    top_k = _scalar(request, "runtime_top_k")
-    top_p = _scalar(request, "runtime_top_p")
-    if temperature is not None and temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if top_k is not None and top_k < 0:
-        raise ValueError(f"runtime_top_k must be >= 0, got {top_k}")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"runtime_top_p must be in (0, 1], got {top_p}")
-    seed = _scalar(request, "random_seed")
-    if seed is not None and not 0 <= seed <= UINT64_MAX:
-        raise ValueError(f"random_seed must be a uint64, got {seed}")
-    end_id = _scalar(request, "end_id", NO_END_ID)
-    sampled = temperature is not None or top_k is not None or top_p is not None
-    return SamplingParams(
-        max_tokens=int(max_tokens),
-        # As in TensorRT-LLM, a request that sets none of the sampling tensors decodes greedily.
-        temperature=float(1.0 if temperature is None else temperature) if sampled else 0.0,
-        top_k=int(top_k or 0),
-        top_p=float(1.0 if top_p is None else top_p),
-        seed=None if seed is None else int(seed),
-        end_id=int(end_id),
-    )
-
-
-def _prompt(request) -> list[int]:
-    tensor = pb_utils.get_input_tensor_by_name(request, "input_ids")
-    if tensor is None:
-        raise ValueError("input_ids is required")
-    ids = tensor.as_numpy()
-    if ids.ndim == 2 and ids.shape[0] != 1:
-        raise ValueError(f"input_ids must be [1, num_input_tokens]; one sequence per request, got {list(ids.shape)}")
-    return ids.reshape(-1).astype(np.int64).tolist()
 
 
 class TritonPythonModel:
@@ -90,20 +39,27 @@ class TritonPythonModel:
         self.thread.start()
 
     def execute(self, requests: list) -> None:
+        vocab = self.engine.runner.shape.vocab_size
         for request in requests:
             sender = request.get_response_sender()
+
+            def get(name: str, request=request):
+                tensor = pb_utils.get_input_tensor_by_name(request, name)
+                return None if tensor is None else tensor.as_numpy()
+
             try:
-                if _scalar(request, "stop", False):
+                if inference_request.is_stop_request(get):
                     self.thread.cancel(request.request_id())
                     sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=FINAL)
                     continue
-                seq = Sequence(_prompt(request), _sampling_params(request), request_id=request.request_id())
-                self.engine.validate(seq.prompt_ids)
+                parsed = inference_request.parse(get, vocab)
+                self.engine.validate(parsed.prompt_ids)
             except (ValueError, TypeError) as e:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=FINAL)
                 continue
-            streaming = bool(_scalar(request, "streaming", False))
-            self.thread.submit(Submission(seq, Responder(sender, streaming, self.metrics), sender.is_cancelled))
+            seq = Sequence(parsed.prompt_ids, parsed.params, request_id=request.request_id())
+            responder = Responder(sender, parsed.streaming, self.metrics)
+            self.thread.submit(Submission(seq, responder, sender.is_cancelled))
         return None
 
     def finalize(self) -> None:
@@ -111,7 +67,10 @@ class TritonPythonModel:
 
 
 class Responder:
-    """Turns engine outputs of one request into Triton responses; runs on the engine thread."""
+    """Turns engine outputs of one request into Triton responses; runs on the engine thread.
+
+    Streaming responses carry the new tokens; a non-streaming request gets one response with all of them.
+    """
 
     def __init__(self, sender, streaming: bool, metrics: EngineMetrics) -> None:
         self.sender = sender
@@ -129,19 +88,41 @@ class Responder:
         start = len(seq.token_ids) - len(new)
         preceding = seq.token_ids[max(0, start - CONTEXT_TOKENS) : start]
         tensors = [
-            pb_utils.Tensor("output_ids", np.array([[new]], dtype=np.int32).reshape(1, 1, len(new))),
+            pb_utils.Tensor("output_ids", np.array(new, dtype=np.int32).reshape(1, 1, len(new))),
             pb_utils.Tensor("sequence_length", np.array([[len(new)]], dtype=np.int32)),
-            pb_utils.Tensor("preceding_ids", np.array([preceding], dtype=np.int32).reshape(1, len(preceding))),
+            pb_utils.Tensor("preceding_ids", np.array(preceding, dtype=np.int32).reshape(1, len(preceding))),
             pb_utils.Tensor("finish_reason", np.array([[_reason(seq)]], dtype=np.object_)),
             pb_utils.Tensor("num_input_tokens", np.array([[seq.num_prompt_tokens]], dtype=np.int32)),
             pb_utils.Tensor("num_output_tokens", np.array([[seq.num_output_tokens]], dtype=np.int32)),
             pb_utils.Tensor("batch_size", np.array([[out.batch_size]], dtype=np.int32)),
             pb_utils.Tensor("queue_wait_us", np.array([[int(seq.queue_wait() * 1e6)]], dtype=np.int64)),
+            *self._requested(seq, len(new)),
         ]
         if out.finished:
             self.metrics.finished(seq.finish_reason)
         self.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if out.finished else 0)
 
+    def _requested(self, seq, num_new: int) -> list:
+        """The optional outputs the request asked for, covering this response's tokens."""
+        p, tensors = seq.params, []
+        first = seq.num_output_tokens - num_new
+        if p.return_log_probs:
+            logprobs = np.array(seq.logprobs[first:], dtype=np.float32)
+            tensors.append(pb_utils.Tensor("output_log_probs", logprobs.reshape(1, 1, -1)))
+            tensors.append(pb_utils.Tensor("cum_log_probs", np.array([[sum(seq.logprobs)]], dtype=np.float32)))
+        if p.top_log_probs:
+            top = seq.top_logprobs[first:]
+            shape = (1, 1, len(top), p.top_log_probs)
+            ids = np.array([t[0] for t in top], dtype=np.int32).reshape(shape)
+            values = np.array([t[1] for t in top], dtype=np.float32).reshape(shape)
+            tensors += [pb_utils.Tensor("top_log_prob_ids", ids), pb_utils.Tensor("top_log_probs", values)]
+        if p.return_context_logits and first == 0 and seq.context_logits:
+            context = torch.stack(seq.context_logits).numpy()
+            tensors.append(pb_utils.Tensor("context_logits", context[None]))
+        if p.return_generation_logits and num_new:
+            generation = torch.stack(seq.generation_logits[first:]).numpy()
+            tensors.append(pb_utils.Tensor("generation_logits", generation[None, None]))
+        return tensors
 
 def _reason(seq) -> bytes:
     return seq.finish_reason.value.encode() if seq.is_finished and seq.finish_reason else b""

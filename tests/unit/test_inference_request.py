@@ -1,0 +1,96 @@
+"""InferenceRequest tensors -> engine parameters; bad values name their tensor."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tritonllm.engine.inference_request import parse
+from tritonllm.tokenizer.word_lists import decode_word_list, encode_word_list
+
+VOCAB = 4096
+
+
+def request(**tensors):
+    base = {"input_ids": np.array([[1, 2, 3]], dtype=np.int32), "request_output_len": np.array([[8]], dtype=np.int32)}
+    base.update({k: (v if isinstance(v, np.ndarray) else np.array([[v]])) for k, v in tensors.items()})
+    return lambda name: base.get(name)
+
+
+def test_defaults_decode_greedily_without_an_end_id():
+    parsed = parse(request(), VOCAB)
+    assert parsed.prompt_ids == [1, 2, 3] and not parsed.streaming
+    assert parsed.params.greedy and parsed.params.end_id == -1 and parsed.params.max_tokens == 8
+
+
+def test_any_sampling_tensor_turns_sampling_on():
+    assert not parse(request(runtime_top_p=np.array([[0.9]], dtype=np.float32)), VOCAB).params.greedy
+    assert parse(request(temperature=np.array([[0.0]], dtype=np.float32)), VOCAB).params.greedy
+
+
+def test_all_processing_tensors_arrive():
+    words = encode_word_list([[5, 6], [7]])
+    p = parse(
+        request(
+            repetition_penalty=1.2,
+            presence_penalty=0.5,
+            frequency_penalty=0.25,
+            min_length=3,
+            no_repeat_ngram_size=2,
+            embedding_bias=np.zeros((1, VOCAB), dtype=np.float32),
+            bad_words_list=words[None],
+            stop_words_list=words[None],
+            return_log_probs=True,
+            num_top_log_probs=5,
+            return_context_logits=True,
+            return_generation_logits=True,
+            random_seed=np.array([[(1 << 64) - 1]], dtype=np.uint64),
+        ),
+        VOCAB,
+    ).params
+    assert (p.repetition_penalty, p.presence_penalty, p.frequency_penalty) == (pytest.approx(1.2), 0.5, 0.25)
+    assert (p.min_tokens, p.no_repeat_ngram_size, p.top_log_probs) == (3, 2, 5)
+    assert p.bad_words == p.stop_words == [[5, 6], [7]]
+    assert p.return_log_probs and p.return_context_logits and p.return_generation_logits
+    assert p.embedding_bias.shape == (VOCAB,) and p.seed == (1 << 64) - 1
+
+
+@pytest.mark.parametrize(
+    ("tensors", "name"),
+    [
+        ({"input_ids": None}, "input_ids"),
+        ({"input_ids": np.array([[1, 2], [3, 4]])}, "input_ids"),
+        ({"request_output_len": None}, "request_output_len"),
+        ({"request_output_len": 0}, "request_output_len"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"runtime_top_k": -1}, "runtime_top_k"),
+        ({"runtime_top_p": 1.5}, "runtime_top_p"),
+        ({"end_id": VOCAB}, "end_id"),
+        ({"pad_id": -3}, "pad_id"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"presence_penalty": np.array([[np.inf]], dtype=np.float32)}, "presence_penalty"),
+        ({"min_length": -1}, "min_length"),
+        ({"no_repeat_ngram_size": -2}, "no_repeat_ngram_size"),
+        ({"num_top_log_probs": 21}, "num_top_log_probs"),
+        ({"embedding_bias": np.zeros((1, 10), dtype=np.float32)}, "embedding_bias"),
+        ({"bad_words_list": np.array([[1, 2, 3]])}, "bad_words_list"),
+        ({"bad_words_list": np.array([[1, 2], [3, 1]])}, "bad_words_list"),
+        ({"stop_words_list": np.array([[1, 2], [5, -1]])}, "stop_words_list"),
+        ({"stop_words_list": np.array([[1, VOCAB], [2, -1]])}, "stop_words_list"),
+        ({"stop_words_list": np.array([[1, 2, 3], [1, -1, 3]])}, "stop_words_list"),
+        ({"streaming": np.array([[True, False]])}, "streaming"),
+    ],
+)
+def test_bad_values_name_their_tensor(tensors, name):
+    get = request(**{k: v for k, v in tensors.items() if v is not None})
+    missing = [k for k, v in tensors.items() if v is None]
+    with pytest.raises(ValueError, match=name):
+        parse(lambda n: None if n in missing else get(n), VOCAB)
+
+
+def test_word_lists_round_trip():
+    words = [[1, 2], [3], [4, 5, 6]]
+    encoded = encode_word_list(words)
+    assert encoded.tolist() == [[1, 2, 3, 4, 5, 6], [2, 3, 6, -1, -1, -1]]
+    assert decode_word_list(encoded, "x", VOCAB) == words
+    assert decode_word_list(encode_word_list([]), "x", VOCAB) == []

@@ -1,0 +1,139 @@
+"""TensorRT-LLM's InferenceRequest tensors -> the engine's prompt and SamplingParams.
+
+Kept free of Triton so it is tested directly; the `llm` model hands in a lookup of its input tensors.
+Every error names the tensor it is about.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..tokenizer.word_lists import decode_word_list
+from .sampling_params import NO_END_ID, SamplingParams
+
+UINT64_MAX = (1 << 64) - 1
+MAX_TOP_LOG_PROBS = 20
+
+TensorLookup = Callable[[str], "np.ndarray | None"]
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    prompt_ids: list[int]
+    params: SamplingParams
+    streaming: bool
+
+
+def scalar(get: TensorLookup, name: str, default=None):
+    array = get(name)
+    if array is None:
+        return default
+    if array.size != 1:
+        raise ValueError(f"{name} must hold exactly one value, got shape {list(array.shape)}")
+    return array.reshape(-1)[0].item()
+
+
+def is_stop_request(get: TensorLookup) -> bool:
+    return bool(scalar(get, "stop", False))
+
+
+def parse(get: TensorLookup, vocab_size: int) -> ParsedRequest:
+    return ParsedRequest(_prompt(get), _params(get, vocab_size), bool(scalar(get, "streaming", False)))
+
+
+def _prompt(get: TensorLookup) -> list[int]:
+    ids = get("input_ids")
+    if ids is None:
+        raise ValueError("input_ids is required")
+    if ids.ndim == 2 and ids.shape[0] != 1:
+        raise ValueError(f"input_ids must be [1, num_input_tokens]; one sequence per request, got {list(ids.shape)}")
+    return ids.reshape(-1).astype(np.int64).tolist()
+
+
+def _check(name: str, value, ok: bool, rule: str) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {rule}, got {value}")
+
+
+def _params(get: TensorLookup, vocab_size: int) -> SamplingParams:
+    max_tokens = scalar(get, "request_output_len")
+    if max_tokens is None:
+        raise ValueError("request_output_len is required")
+    _check("request_output_len", max_tokens, max_tokens >= 1, ">= 1")
+
+    temperature = scalar(get, "temperature")
+    top_k = scalar(get, "runtime_top_k")
+    top_p = scalar(get, "runtime_top_p")
+    if temperature is not None:
+        _check("temperature", temperature, temperature >= 0, ">= 0")
+    if top_k is not None:
+        _check("runtime_top_k", top_k, top_k >= 0, ">= 0")
+    if top_p is not None:
+        _check("runtime_top_p", top_p, 0 < top_p <= 1, "in (0, 1]")
+    seed = scalar(get, "random_seed")
+    if seed is not None:
+        _check("random_seed", seed, 0 <= seed <= UINT64_MAX, "a uint64")
+    end_id = scalar(get, "end_id", NO_END_ID)
+    _check("end_id", end_id, end_id == NO_END_ID or 0 <= end_id < vocab_size, f"-1 or a token id below {vocab_size}")
+    pad_id = scalar(get, "pad_id")
+    if pad_id is not None:
+        _check("pad_id", pad_id, 0 <= pad_id < vocab_size, f"a token id below {vocab_size}")
+
+    repetition_penalty = float(scalar(get, "repetition_penalty", 1.0))
+    _check("repetition_penalty", repetition_penalty, repetition_penalty > 0, "> 0")
+    presence_penalty = float(scalar(get, "presence_penalty", 0.0))
+    frequency_penalty = float(scalar(get, "frequency_penalty", 0.0))
+    for name, value in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
+        _check(name, value, np.isfinite(value), "finite")
+    min_length = int(scalar(get, "min_length", 0))
+    _check("min_length", min_length, min_length >= 0, ">= 0")
+    ngram = int(scalar(get, "no_repeat_ngram_size", 0))
+    _check("no_repeat_ngram_size", ngram, ngram >= 0, ">= 0")
+    top_log_probs = int(scalar(get, "num_top_log_probs", 0))
+    _check("num_top_log_probs", top_log_probs, 0 <= top_log_probs <= MAX_TOP_LOG_PROBS, f"in [0, {MAX_TOP_LOG_PROBS}]")
+
+    sampled = temperature is not None or top_k is not None or top_p is not None
+    return SamplingParams(
+        max_tokens=int(max_tokens),
+        # As in TensorRT-LLM, a request that sets none of the sampling tensors decodes greedily.
+        temperature=float(1.0 if temperature is None else temperature) if sampled else 0.0,
+        top_k=int(top_k or 0),
+        top_p=float(1.0 if top_p is None else top_p),
+        seed=None if seed is None else int(seed),
+        end_id=int(end_id),
+        embedding_bias=_embedding_bias(get, vocab_size),
+        repetition_penalty=repetition_penalty,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        no_repeat_ngram_size=ngram,
+        bad_words=_word_list(get, "bad_words_list", vocab_size),
+        min_tokens=min_length,
+        stop_words=_word_list(get, "stop_words_list", vocab_size),
+        return_log_probs=bool(scalar(get, "return_log_probs", False)),
+        top_log_probs=top_log_probs,
+        return_context_logits=bool(scalar(get, "return_context_logits", False)),
+        return_generation_logits=bool(scalar(get, "return_generation_logits", False)),
+    )
+
+
+def _embedding_bias(get: TensorLookup, vocab_size: int) -> torch.Tensor | None:
+    bias = get("embedding_bias")
+    if bias is None:
+        return None
+    flat = bias.reshape(-1)
+    if flat.size == 0:
+        return None  # tensorrtllm_backend sends an empty bias when none is wanted
+    if flat.size != vocab_size:
+        raise ValueError(f"embedding_bias must be [1, vocab_size={vocab_size}], got shape {list(bias.shape)}")
+    if not np.isfinite(flat).all():
+        raise ValueError("embedding_bias must be finite")
+    return torch.from_numpy(flat.astype(np.float32))
+
+
+def _word_list(get: TensorLookup, name: str, vocab_size: int) -> list[list[int]]:
+    array = get(name)
+    return [] if array is None or array.size == 0 else decode_word_list(array, name, vocab_size)
