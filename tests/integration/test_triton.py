@@ -253,3 +253,19 @@ def test_llm_processing_and_log_prob_tensors_equal_generate(stream, hf_model):
     assert [r.as_numpy("output_ids").item() for r in streamed] == expected
     assert np.allclose([r.as_numpy("output_log_probs").item() for r in streamed], logprobs.numpy(), atol=1e-4)
     assert streamed[-1].as_numpy("finish_reason").item() in (b"stop_words", b"length")
+
+
+def test_timeout_ms_ends_a_generation_with_timeout(triton, stream):
+    s = stream()
+    s.send("llm", [*llm_inputs([5, 6, 7], 1900), tensor("timeout_ms", [[300]], "INT32")])
+    last = s.until_final()[-1]
+    assert last.as_numpy("finish_reason").item() == b"timeout"
+    assert last.as_numpy("num_output_tokens").item() < 1900
+    assert wait_for(lambda: blocks_released(triton))
+
+
+def test_priority_out_of_range_is_an_error_naming_it(stream):
+    s = stream()
+    s.send("ensemble", [*ensemble_inputs("hi", 4), tensor("priority", [[9]], "INT32")])
+    with pytest.raises(InferenceServerException, match="priority"):
+        s.next()

@@ -1,17 +1,29 @@
-"""Hands out fixed-size KV cache blocks from one pool; a sequence's block table maps its positions to slots."""
+"""Hands out fixed-size KV cache blocks from one pool; a sequence's block table maps its positions to slots.
+
+Full blocks are shared by prefix: each is named by a hash chained over every token up to its end, so two
+sequences that share a prefix share its blocks (reference counted). A block whose last user is gone keeps its
+contents and its name in a least-recently-freed queue, so a later request (or a preempted sequence coming back)
+can take it again until it is reused for something else.
+"""
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict
 
 from .sequence import Sequence
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free: deque[int] = deque(range(num_blocks))
+        self.prefix_caching = prefix_caching
+        self._refs = [0] * num_blocks
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # oldest first
+        self._hash_of: dict[int, int] = {}
+        self._block_of: dict[int, int] = {}
+        self.prefix_hit_tokens = 0
+        self.prefix_queried_tokens = 0
 
     @property
     def num_free(self) -> int:
@@ -33,12 +45,78 @@ class BlockManager:
         if missing > len(self._free):
             raise RuntimeError(f"KV pool exhausted: need {missing} blocks, {len(self._free)} free")
         for _ in range(missing):
-            seq.block_table.append(self._free.popleft())
+            block, _ = self._free.popitem(last=False)
+            self._forget(block)
+            self._refs[block] = 1
+            seq.block_table.append(block)
 
     def free(self, seq: Sequence) -> None:
-        self._free.extend(seq.block_table)
+        for block in reversed(seq.block_table):  # the prefix's first blocks are evicted last
+            self._refs[block] -= 1
+            if self._refs[block] == 0:
+                self._free[block] = None
         seq.block_table = []
         seq.num_computed = 0
+        seq.block_hashes = []
 
     def slot(self, seq: Sequence, position: int) -> int:
         return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size
+
+    # Prefix caching
+
+    def cached_prefix(self, seq: Sequence) -> list[int]:
+        """Cached blocks holding the start of a sequence that has none yet (its last token is left to compute)."""
+        if not self.prefix_caching or seq.block_table:
+            return []
+        hashes = self._hashes(seq.token_ids[: len(seq.token_ids) - 1])
+        found = []
+        for h in hashes:
+            block = self._block_of.get(h)
+            if block is None:
+                break
+            found.append(block)
+        return found
+
+    def free_blocks_after_taking(self, blocks: list[int]) -> int:
+        return len(self._free) - sum(1 for b in blocks if self._refs[b] == 0)
+
+    def take_prefix(self, seq: Sequence, blocks: list[int]) -> None:
+        for block in blocks:
+            if self._refs[block] == 0:
+                del self._free[block]
+            self._refs[block] += 1
+        seq.block_table = list(blocks)
+        seq.block_hashes = [self._hash_of[b] for b in blocks]
+        seq.num_computed = len(blocks) * self.block_size
+        self.prefix_queried_tokens += len(seq.token_ids)
+        self.prefix_hit_tokens += seq.num_computed
+
+    def register_full_blocks(self, seq: Sequence) -> None:
+        """Names the blocks that `seq` has filled since the last call, so later requests can share them."""
+        if not self.prefix_caching:
+            return
+        full = seq.num_computed // self.block_size
+        while len(seq.block_hashes) < full:
+            i = len(seq.block_hashes)
+            h = self._chain(seq.block_hashes[-1] if seq.block_hashes else None, seq.token_ids, i)
+            seq.block_hashes.append(h)
+            block = seq.block_table[i]
+            if h not in self._block_of and block not in self._hash_of:
+                self._block_of[h] = block
+                self._hash_of[block] = h
+
+    def _hashes(self, tokens: list[int]) -> list[int]:
+        hashes: list[int] = []
+        for i in range(len(tokens) // self.block_size):
+            hashes.append(self._chain(hashes[-1] if hashes else None, tokens, i))
+        return hashes
+
+    def _chain(self, previous: int | None, tokens: list[int], index: int) -> int:
+        """The name of block `index` of `tokens`: its tokens and, through `previous`, everything before."""
+        bs = self.block_size
+        return hash((previous, tuple(tokens[index * bs : (index + 1) * bs])))
+
+    def _forget(self, block: int) -> None:
+        h = self._hash_of.pop(block, None)
+        if h is not None:
+            del self._block_of[h]

@@ -24,6 +24,7 @@ class EngineConfig:
     block_size: int = 16
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
+    enable_prefix_caching: bool = True
 
 
 @dataclass
@@ -40,7 +41,7 @@ class StepOutput:
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.blocks = BlockManager(config.num_kv_blocks, config.block_size)
+        self.blocks = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
         self.runner = ModelRunner(Path(config.model_dir), self.blocks, config.dtype, config.device)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
         self.last_batch_size = 0
@@ -74,8 +75,8 @@ class LLMEngine:
         return self.scheduler.has_work()
 
     def step(self) -> list[StepOutput]:
-        chunks, overflowed = self.scheduler.schedule()
-        outputs = [StepOutput(seq, [], self.last_batch_size) for seq in overflowed]
+        chunks, ended = self.scheduler.schedule()
+        outputs = [StepOutput(seq, [], self.last_batch_size) for seq in ended]
         if not chunks:
             return outputs
         self.last_batch_size = len(chunks)
@@ -85,6 +86,7 @@ class LLMEngine:
             chunks[index].seq.context_logits.extend(rows)
         for chunk in chunks:
             chunk.seq.num_computed += chunk.num_tokens
+            self.blocks.register_full_blocks(chunk.seq)
         seqs = [c.seq for c in sampling]
         for i, (seq, sampled) in enumerate(zip(seqs, sample(logits, seqs), strict=True)):
             self._record(seq, sampled, logits[i])

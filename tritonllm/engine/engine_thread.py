@@ -20,6 +20,10 @@ from .sequence import FinishReason, Sequence
 log = logging.getLogger(__name__)
 
 
+class Overloaded(RuntimeError):
+    """The queue of requests waiting for the engine is full; the caller should retry later."""
+
+
 @dataclass
 class Submission:
     seq: Sequence
@@ -28,9 +32,12 @@ class Submission:
 
 
 class EngineThread:
-    def __init__(self, engine: LLMEngine, on_step: Callable[[LLMEngine], None] | None = None) -> None:
+    def __init__(
+        self, engine: LLMEngine, on_step: Callable[[LLMEngine], None] | None = None, max_queue_size: int = 0
+    ) -> None:
         self.engine = engine
         self.on_step = on_step
+        self.max_queue_size = max_queue_size  # 0: unbounded
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._live: dict[int, Submission] = {}
         self._stopping = threading.Event()
@@ -39,7 +46,17 @@ class EngineThread:
     def start(self) -> None:
         self._thread.start()
 
+    def num_queued(self) -> int:
+        """Requests not yet running: handed over but not taken in, or waiting for admission (any thread)."""
+        return self._inbox.qsize() + len(self.engine.scheduler.waiting)
+
     def submit(self, submission: Submission) -> None:
+        """Hands a sequence to the engine; raises Overloaded at once when the queue is full."""
+        queued = self.num_queued()
+        if self.max_queue_size and queued >= self.max_queue_size:
+            raise Overloaded(
+                f"overloaded: {queued} requests queued (max_queue_size={self.max_queue_size}); retry later"
+            )
         self._inbox.put(("add", submission))
 
     def cancel(self, request_id: str) -> None:

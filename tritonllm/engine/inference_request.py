@@ -14,6 +14,7 @@ import torch
 
 from ..tokenizer.word_lists import decode_word_list
 from .sampling_params import NO_END_ID, SamplingParams
+from .sequence import DEFAULT_PRIORITY, HIGHEST_PRIORITY, LOWEST_PRIORITY
 
 UINT64_MAX = (1 << 64) - 1
 MAX_TOP_LOG_PROBS = 20
@@ -26,6 +27,8 @@ class ParsedRequest:
     prompt_ids: list[int]
     params: SamplingParams
     streaming: bool
+    priority: int
+    timeout_s: float | None  # from the request's start
 
 
 def scalar(get: TensorLookup, name: str, default=None):
@@ -41,8 +44,17 @@ def is_stop_request(get: TensorLookup) -> bool:
     return bool(scalar(get, "stop", False))
 
 
-def parse(get: TensorLookup, vocab_size: int) -> ParsedRequest:
-    return ParsedRequest(_prompt(get), _params(get, vocab_size), bool(scalar(get, "streaming", False)))
+def parse(get: TensorLookup, vocab_size: int, triton_timeout_us: int = 0) -> ParsedRequest:
+    """`triton_timeout_us`: the request's own Triton timeout, used when no `timeout_ms` tensor is given."""
+    priority = int(scalar(get, "priority", DEFAULT_PRIORITY))
+    _check("priority", priority, HIGHEST_PRIORITY <= priority <= LOWEST_PRIORITY, "in [1, 5] (1 highest)")
+    timeout_ms = scalar(get, "timeout_ms")
+    if timeout_ms is not None:
+        _check("timeout_ms", timeout_ms, timeout_ms > 0, "> 0")
+    timeout_s = timeout_ms / 1e3 if timeout_ms is not None else (triton_timeout_us / 1e6 if triton_timeout_us else None)
+    return ParsedRequest(
+        _prompt(get), _params(get, vocab_size), bool(scalar(get, "streaming", False)), priority, timeout_s
+    )
 
 
 def _prompt(get: TensorLookup) -> list[int]:

@@ -2,13 +2,19 @@
 
 Every sequence is treated alike: it computes `token_ids[num_computed:]`, in chunks when the step's token
 budget is short. A prompt is a long chunk, a decode is a chunk of one, and a preempted sequence simply
-recomputes its prompt and outputs later; a sequence samples its next token when a chunk reaches its end.
+recomputes its prompt and outputs later (mostly from the prefix cache); a sequence samples its next token when
+a chunk reaches its end.
+
+Order is by rank: priority (1 highest .. 5 lowest), then arrival. Running sequences are served before new ones,
+so decodes are never starved by a long prompt, whose prefill is spread over steps by the token budget. When
+blocks run out, the worst-ranked running sequence is preempted; a waiting sequence may preempt running ones
+only of strictly lower priority.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
-from collections import deque
 from dataclasses import dataclass
 
 from .block_manager import BlockManager
@@ -31,12 +37,12 @@ class Scheduler:
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.waiting: list[Sequence] = []  # sorted by rank
+        self.running: list[Sequence] = []  # in admission order
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        bisect.insort(self.waiting, seq, key=lambda s: s.rank)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -55,59 +61,92 @@ class Scheduler:
         seq.finish_reason = reason
 
     def schedule(self) -> tuple[list[ScheduledChunk], list[Sequence]]:
-        """Returns this step's chunks, and sequences that had to be ended because the pool cannot hold them."""
+        """Returns this step's chunks, and the sequences ended without a token (deadline, or no room ever)."""
+        ended = self._expire()
+        self._preempt_for_priority()
         budget = self.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
-        overflowed: list[Sequence] = []
         for seq in list(self.running):
             if budget == 0:
                 break
             if seq.status is not SequenceStatus.RUNNING:
-                continue  # preempted while making room for an earlier sequence
+                continue  # preempted while making room for a better-ranked sequence
             n = min(seq.num_uncomputed, budget)
             if not self._make_room(seq, seq.num_computed + n):
                 if seq.status is SequenceStatus.RUNNING:
                     # Alone in the pool and still too long: it can never continue.
                     self.finish(seq, FinishReason.LENGTH)
-                    overflowed.append(seq)
+                    ended.append(seq)
                 continue
             self.blocks.grow(seq, seq.num_computed + n)
             chunks.append(ScheduledChunk(seq, n))
             budget -= n
 
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting and budget > 0:
             seq = self.waiting[0]
-            n = min(seq.num_uncomputed, budget)
-            if not self.blocks.can_hold(seq, seq.num_computed + n):
-                break  # admission never preempts; it waits for blocks to come back
-            self.waiting.popleft()
-            self.blocks.grow(seq, seq.num_computed + n)
+            prefix, start, n = self._first_chunk(seq, budget)
+            if not self._fits(prefix, start + n):
+                break  # admission itself never preempts; see _preempt_for_priority
+            self.waiting.pop(0)
+            if prefix:
+                self.blocks.take_prefix(seq, prefix)
+            self.blocks.grow(seq, start + n)
             seq.status = SequenceStatus.RUNNING
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.monotonic()
             self.running.append(seq)
             chunks.append(ScheduledChunk(seq, n))
             budget -= n
-        return chunks, overflowed
+        return chunks, ended
+
+    def _expire(self) -> list[Sequence]:
+        now = time.monotonic()
+        expired = [s for s in self.sequences() if s.deadline is not None and now >= s.deadline]
+        for seq in expired:
+            self.finish(seq, FinishReason.TIMEOUT)
+        return expired
+
+    def _preempt_for_priority(self) -> None:
+        """Makes room for the best waiting sequence by preempting running ones of strictly lower priority."""
+        while self.waiting and self.running:
+            seq = self.waiting[0]
+            victim = max(self.running, key=lambda s: s.rank)
+            if victim.priority <= seq.priority:
+                return
+            prefix, start, n = self._first_chunk(seq, self.max_num_batched_tokens)
+            if self._fits(prefix, start + n):
+                return
+            self._preempt(victim)
+
+    def _first_chunk(self, seq: Sequence, budget: int) -> tuple[list[int], int, int]:
+        """The cached blocks a waiting sequence would start from, where it would start, and its first chunk."""
+        prefix = self.blocks.cached_prefix(seq)
+        start = len(prefix) * self.blocks.block_size
+        return prefix, start, min(len(seq.token_ids) - start, budget)
+
+    def _fits(self, prefix: list[int], num_tokens: int) -> bool:
+        """Whether a new sequence starting from `prefix` can hold `num_tokens` and join the batch."""
+        needed = self.blocks.blocks_needed(num_tokens) - len(prefix)
+        return needed <= self.blocks.free_blocks_after_taking(prefix) and len(self.running) < self.max_num_seqs
 
     def _make_room(self, seq: Sequence, num_tokens: int) -> bool:
-        """Preempts the most recently admitted sequences until `seq` fits.
+        """Preempts the worst-ranked running sequences until `seq` fits.
 
         False when `seq` was preempted itself, or is alone and still does not fit (it stays RUNNING then).
         """
         while not self.blocks.can_hold(seq, num_tokens):
             if self.running == [seq]:
                 return False
-            victim = self.running[-1]
+            victim = max(self.running, key=lambda s: s.rank)
             self._preempt(victim)
             if victim is seq:
                 return False
         return True
 
     def _preempt(self, seq: Sequence) -> None:
-        """Drops the sequence's cache; it goes to the front of the queue and recomputes when readmitted."""
+        """Drops the sequence's cache; it goes back to the queue and recomputes when readmitted."""
         self.running.remove(seq)
         self.blocks.free(seq)
         seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(seq)
+        self.add(seq)
         self.num_preemptions += 1

@@ -13,6 +13,9 @@ from .sampling_params import SamplingParams
 
 _next_seq_id = itertools.count()
 
+HIGHEST_PRIORITY, LOWEST_PRIORITY = 1, 5
+DEFAULT_PRIORITY = LOWEST_PRIORITY  # as the generate_stream spec
+
 
 class SequenceStatus(Enum):
     WAITING = "waiting"
@@ -24,6 +27,7 @@ class FinishReason(str, Enum):
     END_ID = "end_id"  # the request's end token was generated
     LENGTH = "length"  # request_output_len, or the model's / the KV pool's capacity
     STOP_WORDS = "stop_words"  # the output ended with one of the request's stop words
+    TIMEOUT = "timeout"  # the request's deadline passed first
     CANCELLED = "cancelled"
     ERROR = "error"  # the engine failed while serving it
 
@@ -37,6 +41,9 @@ class Sequence:
     token_ids: list[int] = field(init=False)
     num_computed: int = 0  # tokens whose K/V are in the cache
     block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)  # names of the full blocks, for prefix sharing
+    priority: int = DEFAULT_PRIORITY  # 1 highest .. 5 lowest
+    deadline: float | None = None  # time.monotonic() after which it ends with TIMEOUT
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     arrival_time: float = field(default_factory=time.monotonic)
@@ -77,6 +84,11 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    @property
+    def rank(self) -> tuple[int, int]:
+        """Smaller runs first: higher priority, then earlier arrival."""
+        return (self.priority, self.seq_id)
 
     def queue_wait(self) -> float:
         """Seconds from arrival to first scheduling (0 while still waiting)."""

@@ -72,6 +72,8 @@ class GenerateRequest(BaseModel):
             top_k=p.top_k if sample else None,
             top_p=p.top_p if sample else None,
             seed=p.seed,
+            priority=p.priority,
+            timeout_ms=p.timeout * 1000,
         )
         if self.id:
             request.request_id = self.id
@@ -94,7 +96,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
         gen = prepare(model, body)
         events = Events(model, body, gen)
         pieces = generate(request.app.state.triton, gen, [])
-        return StreamingResponse(events.stream(pieces, body.parameters.timeout), media_type="text/event-stream")
+        return StreamingResponse(events.stream(pieces), media_type="text/event-stream")
 
     @router.post("/v2/models/{model}/generate")
     async def generate_whole(request: Request, model: str, body: GenerateBody) -> JSONResponse:
@@ -150,15 +152,12 @@ class Events:
         out["decode_time"] = None if first else elapsed_ms
         return out
 
-    async def stream(self, pieces: AsyncIterator[Piece], timeout: float) -> AsyncIterator[str]:
-        deadline = self.start + timeout
+    async def stream(self, pieces: AsyncIterator[Piece]) -> AsyncIterator[str]:
         try:
             async with aclosing(pieces):
                 async for piece in pieces:
                     if not piece.text and not piece.finish_reason:
                         continue  # a token that completes no character yet
                     yield _event_line(self.event(piece.text, piece))
-                    if time.monotonic() > deadline:
-                        raise APIError(408, f"request exceeded its timeout of {timeout:g} s", "parameters.timeout")
         except APIError as e:
             yield _event_line(e.body())

@@ -36,6 +36,8 @@ async def generate(client: TritonLLMClient, request: GenerationRequest, stop: li
                 if matcher.matched is not None:
                     yield Piece(text, STOP_STRING, chunk)
                     return
+                if chunk.finish_reason == "timeout":
+                    raise APIError(408, f"the request timed out after {chunk.num_output_tokens} tokens", "timeout")
                 if chunk.finish_reason in ("cancelled", "error"):
                     raise APIError(500, f"generation ended early: {chunk.finish_reason}")
                 if chunk.finish_reason:

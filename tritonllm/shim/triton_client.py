@@ -35,6 +35,8 @@ class GenerationRequest:
     top_k: int | None = None
     top_p: float | None = None
     seed: int | None = None
+    priority: int | None = None  # 1 highest .. 5 lowest
+    timeout_ms: int | None = None  # the engine ends the generation with finish reason "timeout"
     stream: bool = True
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
@@ -54,6 +56,8 @@ class GenerationRequest:
             ("top_k", "INT32", np.int32, self.top_k),
             ("top_p", "FP32", np.float32, self.top_p),
             ("random_seed", "UINT64", np.uint64, self.seed),
+            ("priority", "INT32", np.int32, self.priority),
+            ("timeout_ms", "INT32", np.int32, self.timeout_ms),
         ]
         tensors += [
             (name, dt, np.array([[value]], dtype=np_t)) for name, dt, np_t, value in optional if value is not None

@@ -13,7 +13,7 @@ import triton_python_backend_utils as pb_utils
 
 from tritonllm.engine import inference_request
 from tritonllm.engine.engine import EngineConfig, LLMEngine
-from tritonllm.engine.engine_thread import EngineThread, Submission
+from tritonllm.engine.engine_thread import EngineThread, Overloaded, Submission
 from tritonllm.engine.sequence import FinishReason, Sequence
 from tritonllm.runtime.model_config import ModelParameters
 from tritonllm.tokenizer.detokenizer import CONTEXT_TOKENS
@@ -32,10 +32,13 @@ class TritonPythonModel:
             block_size=params.int("block_size", 16),
             max_num_seqs=params.int("max_num_seqs", 64),
             max_num_batched_tokens=params.int("max_num_batched_tokens", 512),
+            enable_prefix_caching=params.bool("enable_prefix_caching", True),
         )
         self.engine = LLMEngine(config)
         self.metrics = EngineMetrics()
-        self.thread = EngineThread(self.engine, on_step=self.metrics.update)
+        self.thread = EngineThread(
+            self.engine, on_step=self.metrics.update, max_queue_size=params.int("max_queue_size", 256)
+        )
         self.thread.start()
 
     def execute(self, requests: list) -> None:
@@ -52,14 +55,17 @@ class TritonPythonModel:
                     self.thread.cancel(request.request_id())
                     sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=FINAL)
                     continue
-                parsed = inference_request.parse(get, vocab)
+                parsed = inference_request.parse(get, vocab, request.timeout())
                 self.engine.validate(parsed.prompt_ids)
-            except (ValueError, TypeError) as e:
+                seq = Sequence(
+                    parsed.prompt_ids, parsed.params, request_id=request.request_id(), priority=parsed.priority
+                )
+                if parsed.timeout_s is not None:
+                    seq.deadline = seq.arrival_time + parsed.timeout_s
+                responder = Responder(sender, parsed.streaming, self.metrics)
+                self.thread.submit(Submission(seq, responder, sender.is_cancelled))
+            except (ValueError, TypeError, Overloaded) as e:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=FINAL)
-                continue
-            seq = Sequence(parsed.prompt_ids, parsed.params, request_id=request.request_id())
-            responder = Responder(sender, parsed.streaming, self.metrics)
-            self.thread.submit(Submission(seq, responder, sender.is_cancelled))
         return None
 
     def finalize(self) -> None:
@@ -123,6 +129,7 @@ class Responder:
             generation = torch.stack(seq.generation_logits[first:]).numpy()
             tensors.append(pb_utils.Tensor("generation_logits", generation[None, None]))
         return tensors
+
 
 def _reason(seq) -> bytes:
     return seq.finish_reason.value.encode() if seq.is_finished and seq.finish_reason else b""

@@ -1,0 +1,104 @@
+"""Scheduling under load: prefix sharing, priorities, deadlines, the queue limit."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tritonllm.engine.engine_thread import EngineThread, Overloaded, Submission
+from tritonllm.engine.sampling_params import SamplingParams
+from tritonllm.engine.sequence import FinishReason, Sequence
+
+from .test_engine import make_engine, random_prompts, run
+
+SHARED = list(range(100, 140))  # 40 tokens: 10 blocks of 4
+
+
+def test_requests_sharing_a_prefix_share_its_blocks_without_changing_outputs(tiny_model_dir):
+    tails = [[7, 8, 9], [10, 11], [12, 13, 14, 15, 16]]
+
+    def outputs(prefix_caching: bool):
+        engine = make_engine(tiny_model_dir, enable_prefix_caching=prefix_caching)
+        seqs = [Sequence(SHARED + tail, SamplingParams(max_tokens=12)) for tail in tails]
+        run(engine, seqs[:1])  # the first one fills and names the shared blocks
+        run(engine, seqs[1:])
+        assert engine.blocks.num_free == engine.blocks.num_blocks
+        return [s.output_ids for s in seqs], engine.blocks.prefix_hit_tokens
+
+    cached, hits = outputs(True)
+    uncached, no_hits = outputs(False)
+    assert cached == uncached
+    assert no_hits == 0 and hits == 2 * len(SHARED)
+
+
+def test_running_sequences_share_blocks_with_later_arrivals(tiny_model_dir):
+    engine = make_engine(tiny_model_dir)
+    first = Sequence(SHARED + [1], SamplingParams(max_tokens=30))
+    engine.add(first)
+    engine.step()  # the prefill registers the full blocks
+    used_by_one = engine.blocks.num_used
+    second = Sequence(SHARED + [2], SamplingParams(max_tokens=30))
+    engine.add(second)
+    engine.step()
+    assert engine.blocks.prefix_hit_tokens == len(SHARED)
+    assert engine.blocks.num_used <= used_by_one + 2  # only its own last block(s)
+    assert second.block_table[:10] == first.block_table[:10]
+
+
+def test_a_preempted_sequence_resumes_from_the_cache(tiny_model_dir):
+    engine = make_engine(tiny_model_dir, num_kv_blocks=40)
+    seqs = [Sequence(p, SamplingParams(max_tokens=30)) for p in random_prompts(8, seed=3, max_len=30)]
+    run(engine, seqs)
+    assert engine.scheduler.num_preemptions > 0
+    assert engine.blocks.prefix_hit_tokens > 0
+
+
+def test_higher_priority_preempts_a_full_batch(tiny_model_dir):
+    engine = make_engine(tiny_model_dir, max_num_seqs=1)
+    low = Sequence([5, 6, 7], SamplingParams(max_tokens=20), priority=5)
+    high = Sequence([8, 9, 10], SamplingParams(max_tokens=5), priority=1)
+    engine.add(low)
+    engine.step()
+    engine.add(high)
+    finished = []
+    while engine.has_work():
+        finished += [o.seq for o in engine.step() if o.finished]
+    assert finished == [high, low]
+    assert engine.scheduler.num_preemptions == 1
+    assert low.num_output_tokens == 20
+
+
+def test_waiting_requests_are_admitted_by_priority_then_arrival(tiny_model_dir):
+    engine = make_engine(tiny_model_dir, max_num_seqs=1)
+    blocker = Sequence([1, 2], SamplingParams(max_tokens=3), priority=1)
+    engine.add(blocker)
+    engine.step()
+    order = [
+        Sequence([3], SamplingParams(max_tokens=1), priority=p) for p in (5, 3, 1, 3)
+    ]  # arrival order: 5, 3a, 1, 3b
+    for seq in order:
+        engine.add(seq)
+    finished = []
+    while engine.has_work():
+        finished += [o.seq for o in engine.step() if o.finished and o.seq is not blocker]
+    assert [s.priority for s in finished] == [1, 3, 3, 5]
+    assert finished[1] is order[1] and finished[2] is order[3]
+
+
+def test_an_expired_request_ends_with_timeout_and_frees_its_blocks(tiny_model_dir):
+    engine = make_engine(tiny_model_dir)
+    late = Sequence([5, 6, 7], SamplingParams(max_tokens=500), deadline=time.monotonic() + 0.2)
+    on_time = Sequence([5, 6, 8], SamplingParams(max_tokens=10), deadline=time.monotonic() + 600)
+    run(engine, [late, on_time])
+    assert late.finish_reason is FinishReason.TIMEOUT and 0 < late.num_output_tokens < 500
+    assert on_time.finish_reason is FinishReason.LENGTH
+    assert engine.blocks.num_free == engine.blocks.num_blocks
+
+
+def test_a_full_queue_rejects_at_once(tiny_model_dir):
+    thread = EngineThread(make_engine(tiny_model_dir), max_queue_size=2)  # not started: nothing is taken in
+    for _ in range(2):
+        thread.submit(Submission(Sequence([1], SamplingParams()), lambda out: None))
+    with pytest.raises(Overloaded, match="max_queue_size=2"):
+        thread.submit(Submission(Sequence([1], SamplingParams()), lambda out: None))
