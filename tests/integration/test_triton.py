@@ -269,3 +269,34 @@ def test_priority_out_of_range_is_an_error_naming_it(stream):
     s.send("ensemble", [*ensemble_inputs("hi", 4), tensor("priority", [[9]], "INT32")])
     with pytest.raises(InferenceServerException, match="priority"):
         s.next()
+
+
+def test_metrics_count_tokens_latencies_and_prefix_hits(triton, stream):
+    prompt = list(range(200, 264))  # 4 full blocks of 16
+    before = {
+        name: metric(triton, f"tritonllm_{name}")
+        for name in (
+            "prompt_tokens_total",
+            "generation_tokens_total",
+            "prefix_cache_hit_tokens_total",
+            "time_to_first_token_seconds_count",
+            "inter_token_latency_seconds_count",
+            "queue_time_seconds_count",
+        )
+    }
+    s = stream()
+    for _ in range(2):  # the second request finds the first one's blocks
+        s.send("llm", llm_inputs(prompt, 5))
+        s.until_final()
+
+    def grown(name: str) -> float:
+        return metric(triton, f"tritonllm_{name}") - before[name]
+
+    assert wait_for(lambda: grown("generation_tokens_total") == 10)
+    assert grown("prompt_tokens_total") == 2 * len(prompt)
+    assert grown("prefix_cache_hit_tokens_total") == 48  # 3 blocks; the last prompt token is always computed
+    assert grown("time_to_first_token_seconds_count") == 2
+    assert grown("inter_token_latency_seconds_count") == 8
+    assert grown("queue_time_seconds_count") == 2
+    for gauge in ("kv_blocks_free", "step_tokens", "engine_steps_total", "preemptions_total"):
+        assert f"tritonllm_{gauge}" in urllib.request.urlopen(triton.metrics_url).read().decode()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,8 +12,9 @@ from .block_manager import BlockManager
 from .logits_processors import ends_with_stop_word
 from .model_runner import ModelRunner
 from .sampler import Sampled, sample
-from .scheduler import Scheduler
+from .scheduler import ScheduledChunk, Scheduler
 from .sequence import FinishReason, Sequence
+from .stats import EngineStats
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class LLMEngine:
         self.blocks = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
         self.runner = ModelRunner(Path(config.model_dir), self.blocks, config.dtype, config.device)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
-        self.last_batch_size = 0
+        self.stats = EngineStats()
 
     @property
     def max_model_len(self) -> int:
@@ -74,12 +76,16 @@ class LLMEngine:
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
+    @property
+    def last_batch_size(self) -> int:
+        return self.stats.last_batch_size
+
     def step(self) -> list[StepOutput]:
         chunks, ended = self.scheduler.schedule()
         outputs = [StepOutput(seq, [], self.last_batch_size) for seq in ended]
         if not chunks:
             return outputs
-        self.last_batch_size = len(chunks)
+        self._count_step(chunks)
         sampling = [c for c in chunks if c.samples]
         logits, context_logits = self.runner.forward(chunks)
         for index, rows in context_logits.items():
@@ -88,13 +94,36 @@ class LLMEngine:
             chunk.seq.num_computed += chunk.num_tokens
             self.blocks.register_full_blocks(chunk.seq)
         seqs = [c.seq for c in sampling]
+        now = time.monotonic()
         for i, (seq, sampled) in enumerate(zip(seqs, sample(logits, seqs), strict=True)):
             self._record(seq, sampled, logits[i])
+            self._observe_latency(seq, now)
             reason = self._finish_reason(seq, sampled.token)
             if reason is not None:
                 self.scheduler.finish(seq, reason)
             outputs.append(StepOutput(seq, [sampled.token], len(chunks)))
         return outputs
+
+    def _count_step(self, chunks: list[ScheduledChunk]) -> None:
+        stats = self.stats
+        stats.steps += 1
+        stats.last_batch_size = len(chunks)
+        stats.last_step_tokens = sum(c.num_tokens for c in chunks)
+        for chunk in chunks:
+            seq = chunk.seq
+            if seq.last_token_time is None:
+                stats.prompt_tokens += seq.num_prompt_tokens
+                seq.last_token_time = seq.arrival_time  # started; the first token's latency counts from arrival
+
+    def _observe_latency(self, seq: Sequence, now: float) -> None:
+        stats = self.stats
+        stats.generation_tokens += 1
+        if seq.num_output_tokens == 1:
+            stats.time_to_first_token.append(now - seq.arrival_time)
+            stats.queue_time.append(seq.queue_wait())
+        else:
+            stats.inter_token_latency.append(now - seq.last_token_time)
+        seq.last_token_time = now
 
     @staticmethod
     def _record(seq: Sequence, sampled: Sampled, raw_logits: torch.Tensor) -> None:

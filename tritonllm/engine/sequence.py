@@ -48,6 +48,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     arrival_time: float = field(default_factory=time.monotonic)
     first_scheduled_time: float | None = None
+    last_token_time: float | None = None  # set when it first runs, then at every token
     generator: torch.Generator | None = field(init=False, default=None)
     # Reported back when the request asks (see SamplingParams).
     logprobs: list[float] = field(default_factory=list)

@@ -136,44 +136,88 @@ def _reason(seq) -> bytes:
 
 
 class EngineMetrics:
-    """Prometheus gauges, set only from the engine thread (tritonserver 2.51 crashes on two threads)."""
+    """Prometheus metrics, touched only from the engine thread (tritonserver 2.51 crashes on two threads).
+
+    Gauges are set when their value changes; counters grow by the engine's totals since the last update;
+    latency histograms observe every token's time to first token or inter-token latency.
+    """
+
+    GAUGES = {
+        "kv_blocks_used": "KV cache blocks in use",
+        "kv_blocks_free": "KV cache blocks free",
+        "requests_running": "Sequences in the running batch",
+        "requests_waiting": "Sequences waiting for admission",
+        "batch_size": "Sequences in the last engine step",
+        "step_tokens": "Tokens (prefill and decode) in the last engine step",
+    }
+    COUNTERS = {
+        "prompt_tokens_total": "Prompt tokens of requests that started",
+        "generation_tokens_total": "Tokens generated",
+        "preemptions_total": "Sequences preempted for lack of KV blocks or for priority",
+        "prefix_cache_hit_tokens_total": "Prompt tokens served from the prefix cache",
+        "prefix_cache_queried_tokens_total": "Prompt tokens looked up in the prefix cache",
+        "engine_steps_total": "Engine steps run",
+    }
+    HISTOGRAMS = {
+        "time_to_first_token_seconds": (
+            "From arrival to the first token",
+            [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+        ),
+        "inter_token_latency_seconds": (
+            "Between consecutive tokens",
+            [0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28],
+        ),
+        "queue_time_seconds": ("From arrival to first scheduling", [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10]),
+    }
 
     def __init__(self) -> None:
-        gauge = pb_utils.MetricFamily.GAUGE
-        # The families are kept: a collected family makes later calls on its metrics fail.
-        self.families = {
-            name: pb_utils.MetricFamily(name=f"tritonllm_{name}", description=text, kind=gauge)
-            for name, text in {
-                "kv_blocks_used": "KV cache blocks in use",
-                "kv_blocks_free": "KV cache blocks free",
-                "requests_running": "Sequences in the running batch",
-                "requests_waiting": "Sequences waiting for admission",
-                "batch_size": "Sequences in the last engine step",
-            }.items()
+        # Every family is kept: a collected family makes later calls on its metrics fail.
+        self.families = []
+
+        def family(name: str, text: str, kind):
+            self.families.append(pb_utils.MetricFamily(name=f"tritonllm_{name}", description=text, kind=kind))
+            return self.families[-1]
+
+        kinds = pb_utils.MetricFamily
+        self.gauges = {n: family(n, t, kinds.GAUGE).Metric(labels={}) for n, t in self.GAUGES.items()}
+        self.counters = {n: family(n, t, kinds.COUNTER).Metric(labels={}) for n, t in self.COUNTERS.items()}
+        self.histograms = {
+            n: family(n, t, kinds.HISTOGRAM).Metric(labels={}, buckets=b) for n, (t, b) in self.HISTOGRAMS.items()
         }
-        self.metrics = {name: family.Metric(labels={}) for name, family in self.families.items()}
-        self.last: dict[str, int] = {}
-        self.finished_family = pb_utils.MetricFamily(
-            name="tritonllm_requests_finished_total",
-            description="Requests ended, by finish reason",
-            kind=pb_utils.MetricFamily.COUNTER,
-        )
-        self.finished_by_reason = {
-            reason: self.finished_family.Metric(labels={"reason": reason.value}) for reason in FinishReason
-        }
+        finished = family("requests_finished_total", "Requests ended, by finish reason", kinds.COUNTER)
+        self.finished_by_reason = {r: finished.Metric(labels={"reason": r.value}) for r in FinishReason}
+        self.last: dict[str, float] = {}
 
     def finished(self, reason: FinishReason) -> None:
         self.finished_by_reason[reason].increment(1)
 
     def update(self, engine: LLMEngine) -> None:
-        values = {
-            "kv_blocks_used": engine.blocks.num_used,
-            "kv_blocks_free": engine.blocks.num_free,
+        stats, blocks = engine.stats, engine.blocks
+        gauges = {
+            "kv_blocks_used": blocks.num_used,
+            "kv_blocks_free": blocks.num_free,
             "requests_running": len(engine.scheduler.running),
             "requests_waiting": len(engine.scheduler.waiting),
-            "batch_size": engine.last_batch_size,
+            "batch_size": stats.last_batch_size,
+            "step_tokens": stats.last_step_tokens,
         }
-        for name, value in values.items():
+        totals = {
+            "prompt_tokens_total": stats.prompt_tokens,
+            "generation_tokens_total": stats.generation_tokens,
+            "preemptions_total": engine.scheduler.num_preemptions,
+            "prefix_cache_hit_tokens_total": blocks.prefix_hit_tokens,
+            "prefix_cache_queried_tokens_total": blocks.prefix_queried_tokens,
+            "engine_steps_total": stats.steps,
+        }
+        for name, value in gauges.items():
             if self.last.get(name) != value:
-                self.metrics[name].set(value)
+                self.gauges[name].set(value)
                 self.last[name] = value
+        for name, value in totals.items():
+            grown = value - self.last.get(name, 0)
+            if grown:
+                self.counters[name].increment(grown)
+                self.last[name] = value
+        for name, values in zip(self.HISTOGRAMS, stats.drain(), strict=True):
+            for value in values:
+                self.histograms[name].observe(value)
