@@ -6,7 +6,7 @@ CLI := $(VENV)/bin/tritonllm
 MODELS ?= models
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps model serve test test-slow lint perf-analyzer clean
+.PHONY: install system-deps model serve test test-slow bench lint perf-analyzer clean
 
 install: $(VENV)/.installed
 
@@ -36,9 +36,14 @@ test: install $(MODELS)/tiny/config.json
 test-slow: install $(MODELS)/tiny/config.json
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)
 
+# W1 side by side (transformers generate, generate_batch, decode ceiling, this engine in-process and via Triton).
+bench: install model
+	$(PIP) install -q -e '.[test,bench]'
+	$(PY) bench/run.py
+
 lint: install
-	$(VENV)/bin/ruff check tritonllm model_repository tests client
-	$(VENV)/bin/ruff format --check tritonllm model_repository tests client
+	$(VENV)/bin/ruff check tritonllm model_repository tests client bench
+	$(VENV)/bin/ruff format --check tritonllm model_repository tests client bench
 
 perf-analyzer: install
 	$(CLI) perf-analyzer --version

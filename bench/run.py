@@ -1,0 +1,356 @@
+"""Workload W1, side by side in one run: 32 concurrent requests, ~64-token prompts, 128 new tokens, EOS ignored.
+
+    make bench                      # both demo models; writes bench/results/
+    python bench/run.py --model small --cases d,e
+
+Cases:
+  a  transformers generate(), one request at a time
+  b  transformers' own continuous batching (generate_batch)
+  c  the raw decode-step ceiling: batch / time of one batched decode forward (DynamicCache, sdpa)
+  d  this engine, in-process
+  e  this engine through Triton's ensemble, with concurrent gRPC streams
+Each case reports output tokens/s, TTFT p50/p99 and inter-token latency p50/p99 (ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@dataclass
+class Workload:
+    requests: int = 32
+    prompt_tokens: int = 64
+    new_tokens: int = 128
+
+
+@dataclass
+class Result:
+    case: str
+    tokens_per_s: float
+    ttft_p50_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    itl_p50_ms: float | None = None
+    itl_p99_ms: float | None = None
+    note: str = ""
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.array(values) * 1e3, q)) if values else float("nan")
+
+
+def from_timestamps(case: str, starts: list[float], stamps: list[list[float]], wall: float, note: str = "") -> Result:
+    """starts[i]: when request i was sent; stamps[i]: when each of its tokens arrived."""
+    ttft = [s[0] - t0 for t0, s in zip(starts, stamps, strict=True)]
+    itl = [b - a for s in stamps for a, b in zip(s, s[1:], strict=False)]
+    tokens = sum(len(s) for s in stamps)
+    return Result(
+        case,
+        tokens / wall,
+        percentile(ttft, 50),
+        percentile(ttft, 99),
+        percentile(itl, 50),
+        percentile(itl, 99),
+        note,
+    )
+
+
+def make_prompts(tokenizer, w: Workload) -> tuple[list[list[int]], list[str]]:
+    """Prompt texts that tokenize to exactly `prompt_tokens` ids, so every case runs the same prompts."""
+    from tritonllm.runtime.demo_model import synthetic_corpus
+
+    lines = synthetic_corpus(seed=7, lines=w.requests * 8)
+    ids, texts = [], []
+    for i in range(w.requests):
+        tokens = tokenizer.encode(" ".join(lines[i * 8 : (i + 1) * 8]), add_special_tokens=False)
+        for cut in range(w.prompt_tokens, len(tokens)):
+            text = tokenizer.decode(tokens[:cut])
+            again = tokenizer.encode(text, add_special_tokens=False)
+            if len(again) == w.prompt_tokens:
+                ids.append(again)
+                texts.append(text)
+                break
+        else:
+            raise RuntimeError("could not build a prompt of the wanted length")
+    return ids, texts
+
+
+class Stamper:
+    """A generate() streamer that notes when each new token arrives."""
+
+    def __init__(self) -> None:
+        self.stamps: list[float] = []
+        self.prompt_seen = False
+
+    def put(self, value) -> None:
+        if not self.prompt_seen:
+            self.prompt_seen = True  # generate() first hands over the prompt
+            return
+        self.stamps.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def case_a(model, prompts, w: Workload, sample: int) -> Result:
+    starts, stamps = [], []
+    wall = 0.0
+    for prompt in prompts[:sample]:
+        stamper = Stamper()
+        t0 = time.perf_counter()
+        model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=w.new_tokens,
+            min_new_tokens=w.new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+            streamer=stamper,
+        )
+        wall += time.perf_counter() - t0
+        starts.append(t0)
+        stamps.append(stamper.stamps)
+    result = from_timestamps("a: generate(), one at a time", starts, stamps, wall)
+    result.note = f"{sample} of {w.requests} requests, run back to back"
+    return result
+
+
+def case_b(model, prompts, w: Workload) -> Result:
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    config = GenerationConfig(
+        max_new_tokens=w.new_tokens, min_new_tokens=w.new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0
+    )
+    cb = ContinuousBatchingConfig(num_blocks=64, page_size=256, max_batch_tokens=512)
+    t0 = time.perf_counter()
+    outputs = model.generate_batch(
+        prompts, generation_config=config, continuous_batching_config=cb, record_timestamps=True
+    )
+    wall = time.perf_counter() - t0
+    done = list(outputs.values())
+    stamps = [list(o.timestamps or []) for o in done]
+    return from_timestamps("b: transformers generate_batch", [o.created_time for o in done], stamps, wall)
+
+
+def case_c(model, prompts, w: Workload) -> Result:
+    from transformers import DynamicCache
+
+    batch = torch.tensor(prompts)
+    with torch.inference_mode():
+        cache = DynamicCache()
+        out = model(batch, past_key_values=cache, use_cache=True)
+        token = out.logits[:, -1:].argmax(-1)
+        # Grow the cache to the workload's mean context (prompt + half the output) before timing.
+        for _ in range(w.new_tokens // 2):
+            out = model(token, past_key_values=cache, use_cache=True)
+            token = out.logits[:, -1:].argmax(-1)
+        times = []
+        for _ in range(16):
+            t0 = time.perf_counter()
+            out = model(token, past_key_values=cache, use_cache=True)
+            token = out.logits[:, -1:].argmax(-1)
+            times.append(time.perf_counter() - t0)
+            cache.crop(-1)  # keep the context where it is
+    step = statistics.median(times)
+    return Result(
+        "c: decode-step ceiling", len(prompts) / step, note=f"median batched decode forward {step * 1e3:.1f} ms"
+    )
+
+
+def case_d(model_dir: Path, prompts, w: Workload) -> Result:
+    from tritonllm.engine.engine import EngineConfig, LLMEngine
+    from tritonllm.engine.sampling_params import SamplingParams
+    from tritonllm.engine.sequence import Sequence
+
+    engine = LLMEngine(EngineConfig(str(model_dir), num_kv_blocks=1024, max_num_seqs=64))
+    seqs = [Sequence(p, SamplingParams(max_tokens=w.new_tokens)) for p in prompts]
+    stamps: dict[int, list[float]] = {s.seq_id: [] for s in seqs}
+    t0 = time.perf_counter()
+    for seq in seqs:
+        engine.add(seq)
+    while engine.has_work():
+        outputs = engine.step()
+        now = time.perf_counter()
+        for out in outputs:
+            stamps[out.seq.seq_id] += [now] * len(out.new_token_ids)
+    wall = time.perf_counter() - t0
+    return from_timestamps("d: this engine, in-process", [t0] * len(seqs), list(stamps.values()), wall)
+
+
+def case_e(model_dir: Path, texts: list[str], w: Workload) -> Result:
+    from tritonllm.runtime.model_config import MODEL_DIR_ENV
+    from tritonllm.runtime.tritonserver import TritonServer, free_port
+    from tritonllm.shim.triton_client import ENSEMBLE
+    from tritonllm.shim.triton_client import _infer_input as infer_input
+
+    server = TritonServer(
+        ROOT / "model_repository",
+        http_port=free_port(),
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+        env={MODEL_DIR_ENV: str(model_dir)},
+        log_file=RESULTS / "tritonserver.log.tmp",
+    )
+
+    async def one(client, text: str, starts: list, stamps: list) -> None:
+        inputs = [
+            infer_input("text_input", "BYTES", np.array([[text.encode()]], dtype=np.object_)),
+            infer_input("max_tokens", "INT32", np.array([[w.new_tokens]], dtype=np.int32)),
+            infer_input("end_id", "INT32", np.array([[-1]], dtype=np.int32)),  # EOS ignored
+            infer_input("stream", "BOOL", np.array([[True]])),
+        ]
+
+        async def requests():
+            yield {"model_name": ENSEMBLE, "inputs": inputs}
+
+        mine: list[float] = []
+        starts.append(time.perf_counter())
+        async for result, error in client.stream_infer(requests()):
+            if error is not None:
+                raise RuntimeError(error)
+            mine.append(time.perf_counter())
+            if result.as_numpy("finish_reason").reshape(-1)[0]:
+                break
+        stamps.append(mine)
+
+    async def run() -> Result:
+        import tritonclient.grpc.aio as grpcclient
+
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        await one(client, texts[0], [], [])  # warm up
+        starts: list[float] = []
+        stamps: list[list[float]] = []
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(client, t, starts, stamps) for t in texts))
+        wall = time.perf_counter() - t0
+        await client.close()
+        return from_timestamps(f"e: Triton ensemble, {len(texts)} gRPC streams", starts, stamps, wall)
+
+    server.start()
+    try:
+        return asyncio.run(run())
+    finally:
+        server.stop()
+
+
+def machine() -> dict:
+    import transformers
+    import tritonclient
+
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "tritonclient": getattr(tritonclient, "__version__", "?"),
+        "tritonserver": "2.51.0 (nvidia-pytriton 0.7.0)",
+        "threads": torch.get_num_threads(),
+    }
+
+
+def bench_model(name: str, cases: str, w: Workload, sample_a: int) -> list[Result]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = ROOT / "models" / name
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts, texts = make_prompts(tokenizer, w)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    runs = {
+        "a": lambda: case_a(model, prompts, w, sample_a),
+        "b": lambda: case_b(model, prompts, w),
+        "c": lambda: case_c(model, prompts, w),
+        "d": lambda: case_d(model_dir, prompts, w),
+        "e": lambda: case_e(model_dir, texts, w),
+    }
+    results = []
+    for key in cases.split(","):
+        print(f"[bench] {name}: case {key} ...", file=sys.stderr, flush=True)
+        results.append(runs[key]())
+        print(f"[bench]   {json.dumps(asdict(results[-1]))}", file=sys.stderr, flush=True)
+    return results
+
+
+def write_report(all_results: dict[str, list[Result]], w: Workload) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "workload": asdict(w),
+        "machine": machine(),
+        "command": " ".join(sys.argv),
+        "results": {m: [asdict(r) for r in rs] for m, rs in all_results.items()},
+    }
+    (RESULTS / "W1.json").write_text(json.dumps(payload, indent=2) + "\n")
+    lines = [
+        "# W1: 32 concurrent requests, 64-token prompts, 128 new tokens, EOS ignored, fp32",
+        "",
+        f"Command: `{payload['command']}`. Machine: `{json.dumps(payload['machine'])}`.",
+        "",
+    ]
+    for model, results in all_results.items():
+        by_case = {r.case[0]: r for r in results}
+        lines += [
+            f"## {model}",
+            "",
+            "| case | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | note |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in results:
+            cells = [r.ttft_p50_ms, r.ttft_p99_ms, r.itl_p50_ms, r.itl_p99_ms]
+            shown = " | ".join("-" if v is None else f"{v:.1f}" for v in cells)
+            lines.append(f"| {r.case} | {r.tokens_per_s:.1f} | {shown} | {r.note} |")
+        ratios = [
+            f"{x}/{y} = {by_case[x].tokens_per_s / by_case[y].tokens_per_s:.2f}"
+            for x, y in (("e", "b"), ("e", "c"), ("d", "c"), ("e", "a"))
+            if x in by_case and y in by_case
+        ]
+        lines += ["", "Ratios of tokens/s: " + ", ".join(ratios), ""]
+    (RESULTS / "W1.md").write_text("\n".join(lines))
+    plot(all_results)
+
+
+def plot(all_results: dict[str, list[Result]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(all_results), figsize=(6 * len(all_results), 4), squeeze=False)
+    for ax, (model, results) in zip(axes[0], all_results.items(), strict=True):
+        ax.bar([r.case.split(":")[0] for r in results], [r.tokens_per_s for r in results], color="#4477aa")
+        ax.set_title(f"W1 on '{model}': output tokens/s")
+        ax.set_ylabel("tokens/s")
+        for i, r in enumerate(results):
+            ax.text(i, r.tokens_per_s, f"{r.tokens_per_s:.0f}", ha="center", va="bottom")
+    fig.tight_layout()
+    fig.savefig(RESULTS / "W1.png", dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", action="append", choices=["tiny", "small"])
+    parser.add_argument("--cases", default="a,b,c,d,e")
+    parser.add_argument("--sample-a", type=int, default=4, help="requests case a runs one after another")
+    args = parser.parse_args()
+    w = Workload()
+    results = {name: bench_model(name, args.cases, w, args.sample_a) for name in (args.model or ["small", "tiny"])}
+    write_report(results, w)
+    print((RESULTS / "W1.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
