@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from .block_manager import BlockManager
+from .cpu_kernels import decode_attention
 from .paged_attention import ATTN_IMPLEMENTATION, AttentionGroup, KVCache, PagedBatch
 from .scheduler import ScheduledChunk
 
@@ -58,10 +59,12 @@ class ModelRunner:
         ).to(self.device)
         self.model.eval()
         self.shape = ModelShape.of(self.model.config)
+        self.native_decode = decode_attention is not None and self.device.type == "cpu" and self.dtype == torch.float32
         self.blocks = blocks
         self.cache = KVCache.allocate(
             self.shape.num_layers,
-            blocks.num_blocks * blocks.block_size,
+            blocks.num_blocks,
+            blocks.block_size,
             self.shape.num_kv_heads,
             self.shape.head_dim,
             self.dtype,
@@ -125,12 +128,13 @@ class ModelRunner:
         return groups
 
     def _group(self, members: list[tuple[ScheduledChunk, int]]) -> AttentionGroup:
+        bs = self.blocks.block_size
         max_q = max(c.num_tokens for c, _ in members)
-        max_kv = max(c.seq.num_computed + c.num_tokens for c, _ in members)
+        max_blocks = max(self.blocks.blocks_needed(c.seq.num_computed + c.num_tokens) for c, _ in members)
         b = len(members)
         query_index = torch.zeros(b, max_q, dtype=torch.long)
-        kv_slots = torch.zeros(b, max_kv, dtype=torch.long)
-        mask = torch.zeros(b, 1, max_q, max_kv, dtype=torch.bool)
+        block_index = torch.zeros(b, max_blocks, dtype=torch.long)
+        mask = torch.zeros(b, 1, max_q, max_blocks * bs, dtype=torch.bool)
         valid = torch.zeros(b, max_q, dtype=torch.bool)
         out_index = []
         for i, (chunk, offset) in enumerate(members):
@@ -138,22 +142,23 @@ class ModelRunner:
             ctx = start + n
             query_index[i, :n] = torch.arange(offset, offset + n)
             query_index[i, n:] = offset + n - 1
-            kv_slots[i, :ctx] = self._slots(chunk.seq, ctx)
+            used = self.blocks.blocks_needed(ctx)
+            block_index[i, :used] = torch.tensor(chunk.seq.block_table[:used], dtype=torch.long)
             # Query j sits at position start + j and sees keys 0..start + j.
             mask[i, 0, :n, :ctx] = torch.arange(ctx)[None, :] <= (start + torch.arange(n))[:, None]
             mask[i, 0, n:, 0] = True  # padded rows attend somewhere, so they stay finite
             valid[i, :n] = True
             out_index.extend(range(offset, offset + n))
         dev = self.device
+        native = max_q == 1 and self.native_decode
+        buffer_shape = (b * max_blocks, bs, self.shape.num_kv_heads, self.shape.head_dim)
         return AttentionGroup(
             query_index=query_index.to(dev),
-            kv_slots=kv_slots.to(dev),
+            block_index=block_index.flatten().to(dev),
             mask=mask.to(dev),
             valid=valid.flatten().to(dev),
             out_index=torch.tensor(out_index, dtype=torch.long, device=dev),
+            context_lens=torch.tensor([c.seq.num_computed + c.num_tokens for c, _ in members], device=dev),
+            key_buffer=None if native else torch.empty(buffer_shape, dtype=self.dtype, device=dev),
+            value_buffer=None if native else torch.empty(buffer_shape, dtype=self.dtype, device=dev),
         )
-
-    def _slots(self, seq, num_tokens: int) -> torch.Tensor:
-        bs = self.blocks.block_size
-        blocks = torch.tensor(seq.block_table[: self.blocks.blocks_needed(num_tokens)], dtype=torch.long)
-        return (blocks[:, None] * bs + torch.arange(bs)[None, :]).flatten()[:num_tokens]

@@ -120,6 +120,8 @@ class TritonServer:
             f"--metrics-address={self.host}",
             "--allow-gpu-metrics=false",
             "--log-verbose=0",
+            # In-flight ensemble requests cannot finish once shutdown refuses their next step; do not wait long.
+            "--exit-timeout-secs=10",
         ]
 
     def start(self, timeout: float = 180.0) -> None:
