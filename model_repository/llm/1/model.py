@@ -7,6 +7,10 @@ clients of the ensemble (into whose steps Triton forwards no cancellation) end a
 
 from __future__ import annotations
 
+import logging
+import queue
+import threading
+
 import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
@@ -19,6 +23,7 @@ from tritonllm.runtime.model_config import ModelParameters
 from tritonllm.tokenizer.detokenizer import CONTEXT_TOKENS
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+log = logging.getLogger(__name__)
 
 
 class TritonPythonModel:
@@ -36,6 +41,7 @@ class TritonPythonModel:
         )
         self.engine = LLMEngine(config)
         self.metrics = EngineMetrics()
+        self.responses = ResponseQueue()
         self.thread = EngineThread(
             self.engine, on_step=self.metrics.update, max_queue_size=params.int("max_queue_size", 256)
         )
@@ -62,7 +68,7 @@ class TritonPythonModel:
                 )
                 if parsed.timeout_s is not None:
                     seq.deadline = seq.arrival_time + parsed.timeout_s
-                responder = Responder(sender, parsed.streaming, self.metrics)
+                responder = Responder(sender, parsed.streaming, self.metrics, self.responses)
                 self.thread.submit(Submission(seq, responder, sender.is_cancelled))
             except (ValueError, TypeError, Overloaded) as e:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=FINAL)
@@ -70,18 +76,48 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self.thread.shutdown()
+        self.responses.close()
+
+
+class ResponseQueue:
+    """Builds and sends responses on a thread of its own, so the engine thread never waits on Triton's IPC.
+
+    One thread, first in first out: a request's responses keep their order and the FINAL one comes last.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="llm-responses", daemon=True)
+        self._thread.start()
+
+    def put(self, sender, arrays: dict[str, np.ndarray], final: bool) -> None:
+        self._queue.put((sender, arrays, final))
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            sender, arrays, final = item
+            try:
+                tensors = [pb_utils.Tensor(name, array) for name, array in arrays.items()]
+                sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if final else 0)
+            except Exception:
+                log.exception("could not send a response")
 
 
 class Responder:
-    """Turns engine outputs of one request into Triton responses; runs on the engine thread.
+    """Turns engine outputs of one request into response tensors; runs on the engine thread.
 
     Streaming responses carry the new tokens; a non-streaming request gets one response with all of them.
     """
 
-    def __init__(self, sender, streaming: bool, metrics: EngineMetrics) -> None:
+    def __init__(self, sender, streaming: bool, metrics: EngineMetrics, responses: ResponseQueue) -> None:
         self.sender = sender
         self.streaming = streaming
         self.metrics = metrics
+        self.responses = responses
 
     def __call__(self, out) -> None:
         seq = out.seq
@@ -93,42 +129,38 @@ class Responder:
             return
         start = len(seq.token_ids) - len(new)
         preceding = seq.token_ids[max(0, start - CONTEXT_TOKENS) : start]
-        tensors = [
-            pb_utils.Tensor("output_ids", np.array(new, dtype=np.int32).reshape(1, 1, len(new))),
-            pb_utils.Tensor("sequence_length", np.array([[len(new)]], dtype=np.int32)),
-            pb_utils.Tensor("preceding_ids", np.array(preceding, dtype=np.int32).reshape(1, len(preceding))),
-            pb_utils.Tensor("finish_reason", np.array([[_reason(seq)]], dtype=np.object_)),
-            pb_utils.Tensor("num_input_tokens", np.array([[seq.num_prompt_tokens]], dtype=np.int32)),
-            pb_utils.Tensor("num_output_tokens", np.array([[seq.num_output_tokens]], dtype=np.int32)),
-            pb_utils.Tensor("batch_size", np.array([[out.batch_size]], dtype=np.int32)),
-            pb_utils.Tensor("queue_wait_us", np.array([[int(seq.queue_wait() * 1e6)]], dtype=np.int64)),
-            *self._requested(seq, len(new)),
-        ]
+        arrays = {
+            "output_ids": np.array(new, dtype=np.int32).reshape(1, 1, len(new)),
+            "sequence_length": np.array([[len(new)]], dtype=np.int32),
+            "preceding_ids": np.array(preceding, dtype=np.int32).reshape(1, len(preceding)),
+            "finish_reason": np.array([[_reason(seq)]], dtype=np.object_),
+            "num_input_tokens": np.array([[seq.num_prompt_tokens]], dtype=np.int32),
+            "num_output_tokens": np.array([[seq.num_output_tokens]], dtype=np.int32),
+            "batch_size": np.array([[out.batch_size]], dtype=np.int32),
+            "queue_wait_us": np.array([[int(seq.queue_wait() * 1e6)]], dtype=np.int64),
+            **self._requested(seq, len(new)),
+        }
         if out.finished:
             self.metrics.finished(seq.finish_reason)
-        self.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if out.finished else 0)
+        self.responses.put(self.sender, arrays, out.finished)
 
-    def _requested(self, seq, num_new: int) -> list:
+    def _requested(self, seq, num_new: int) -> dict[str, np.ndarray]:
         """The optional outputs the request asked for, covering this response's tokens."""
-        p, tensors = seq.params, []
+        p, arrays = seq.params, {}
         first = seq.num_output_tokens - num_new
         if p.return_log_probs:
-            logprobs = np.array(seq.logprobs[first:], dtype=np.float32)
-            tensors.append(pb_utils.Tensor("output_log_probs", logprobs.reshape(1, 1, -1)))
-            tensors.append(pb_utils.Tensor("cum_log_probs", np.array([[sum(seq.logprobs)]], dtype=np.float32)))
+            arrays["output_log_probs"] = np.array(seq.logprobs[first:], dtype=np.float32).reshape(1, 1, -1)
+            arrays["cum_log_probs"] = np.array([[sum(seq.logprobs)]], dtype=np.float32)
         if p.top_log_probs:
             top = seq.top_logprobs[first:]
             shape = (1, 1, len(top), p.top_log_probs)
-            ids = np.array([t[0] for t in top], dtype=np.int32).reshape(shape)
-            values = np.array([t[1] for t in top], dtype=np.float32).reshape(shape)
-            tensors += [pb_utils.Tensor("top_log_prob_ids", ids), pb_utils.Tensor("top_log_probs", values)]
+            arrays["top_log_prob_ids"] = np.array([t[0] for t in top], dtype=np.int32).reshape(shape)
+            arrays["top_log_probs"] = np.array([t[1] for t in top], dtype=np.float32).reshape(shape)
         if p.return_context_logits and first == 0 and seq.context_logits:
-            context = torch.stack(seq.context_logits).numpy()
-            tensors.append(pb_utils.Tensor("context_logits", context[None]))
+            arrays["context_logits"] = torch.stack(seq.context_logits).numpy()[None]
         if p.return_generation_logits and num_new:
-            generation = torch.stack(seq.generation_logits[first:]).numpy()
-            tensors.append(pb_utils.Tensor("generation_logits", generation[None, None]))
-        return tensors
+            arrays["generation_logits"] = torch.stack(seq.generation_logits[first:]).numpy()[None, None]
+        return arrays
 
 
 def _reason(seq) -> bytes:
