@@ -16,6 +16,7 @@ from oracles import greedy_ids, greedy_text
 from triton_helpers import Stream, metric, tensor, wait_for
 from tritonclient.utils import InferenceServerException
 
+from tritonllm.tokenizer.detokenizer import CONTEXT_TOKENS, text_increment
 from tritonllm.tokenizer.word_lists import encode_word_list
 
 PROMPTS = ["Hello 你好", "The quick brown fox", "😀 emoji 🎉 and", "数据 model token batch"]
@@ -300,3 +301,52 @@ def test_metrics_count_tokens_latencies_and_prefix_hits(triton, stream):
     assert grown("queue_time_seconds_count") == 2
     for gauge in ("kv_blocks_free", "step_tokens", "engine_steps_total", "preemptions_total"):
         assert f"tritonllm_{gauge}" in urllib.request.urlopen(triton.metrics_url).read().decode()
+
+
+def single_token_word(tokenizer, ids: list[int], start: int) -> tuple[str, int]:
+    """A generated token whose text tokenizes back to exactly that token, from position `start` on."""
+    for token in ids[start:]:
+        word = tokenizer.decode([token])
+        if word.strip() and tokenizer.encode(word, add_special_tokens=False) == [token]:
+            return word, token
+    raise AssertionError("no single-token word in the generation")
+
+
+def test_ensemble_word_lists_penalties_and_bias_equal_generate(stream, tokenizer, hf_model):
+    prompt = PROMPTS[3]
+    prompt_ids = tokenizer.encode(prompt)
+    free = greedy_ids(hf_model, prompt_ids, 24, eos=tokenizer.eos_token_id)
+    bad_word, bad_token = single_token_word(tokenizer, free, 1)
+    bias_word, bias_token = single_token_word(tokenizer, free, 3)
+    inputs = [
+        *ensemble_inputs(prompt, 24, stream=False),
+        tensor("bad_words", [[bad_word.encode()]], "BYTES"),
+        tensor("embedding_bias_words", [[bias_word.encode()]], "BYTES"),
+        tensor("embedding_bias_weights", [[-3.0]], "FP32"),
+        tensor("repetition_penalty", [[1.25]], "FP32"),
+        tensor("no_repeat_ngram_size", [[2]], "INT32"),
+    ]
+    expected = hf_model.generate(
+        torch.tensor([prompt_ids]),
+        do_sample=False,
+        max_new_tokens=24,
+        pad_token_id=0,
+        eos_token_id=tokenizer.eos_token_id,
+        bad_words_ids=[[bad_token]],
+        sequence_bias={(bias_token,): -3.0},
+        repetition_penalty=1.25,
+        no_repeat_ngram_size=2,
+    )[0, len(prompt_ids) :].tolist()
+    s = stream()
+    s.send("ensemble", inputs)
+    (whole,) = s.until_final()
+    assert text_of([whole]) == text_increment(tokenizer, prompt_ids[-CONTEXT_TOKENS:], expected, final=True)
+    assert whole.as_numpy("num_output_tokens").item() == len(expected)
+
+    stop_word, stop_token = single_token_word(tokenizer, free, 5)
+    s.send(
+        "ensemble", [*ensemble_inputs(prompt, 24, stream=False), tensor("stop_words", [[stop_word.encode()]], "BYTES")]
+    )
+    (stopped,) = s.until_final()
+    assert stopped.as_numpy("finish_reason").item() == b"stop_words"
+    assert stopped.as_numpy("num_output_tokens").item() == free.index(stop_token) + 1

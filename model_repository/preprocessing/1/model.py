@@ -6,6 +6,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from tritonllm.runtime.model_config import ModelParameters, json_list, load_tokenizer
+from tritonllm.tokenizer.word_lists import encode_word_list
 
 
 def _string(request, name: str) -> str | None:
@@ -40,6 +41,9 @@ class TritonPythonModel:
             max_tokens = _int(request, "max_tokens", self.default_max_tokens)
             if max_tokens < 1:
                 raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+            bad_words = self._word_list(request, "bad_words")
+            stop_words = self._word_list(request, "stop_words")
+            bias = self._embedding_bias(request)
         except ValueError as e:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e)))
         tok = self.tokenizer
@@ -51,8 +55,39 @@ class TritonPythonModel:
                 pb_utils.Tensor("request_output_len", np.array([[max_tokens]], dtype=np.int32)),
                 pb_utils.Tensor("end_id", np.array([[end_id]], dtype=np.int32)),
                 pb_utils.Tensor("pad_id", np.array([[pad_id]], dtype=np.int32)),
+                pb_utils.Tensor("bad_words_list", bad_words[None]),
+                pb_utils.Tensor("stop_words_list", stop_words[None]),
+                pb_utils.Tensor("embedding_bias", bias[None]),
             ]
         )
+
+    def _words(self, request, name: str) -> list[str]:
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        if tensor is None:
+            return []
+        return [w.decode("utf-8") if isinstance(w, bytes) else str(w) for w in tensor.as_numpy().reshape(-1)]
+
+    def _word_list(self, request, name: str) -> np.ndarray:
+        """Words as text -> the llm's [2, N] list; each word tokenized on its own, as tensorrtllm_backend does."""
+        words = [self.tokenizer.encode(w, add_special_tokens=False) for w in self._words(request, name) if w]
+        return encode_word_list(words)
+
+    def _embedding_bias(self, request) -> np.ndarray:
+        """embedding_bias_words + embedding_bias_weights -> a [vocab] bias on each word's tokens (empty: none)."""
+        words = self._words(request, "embedding_bias_words")
+        weights = pb_utils.get_input_tensor_by_name(request, "embedding_bias_weights")
+        weights = [] if weights is None else weights.as_numpy().reshape(-1).tolist()
+        if len(words) != len(weights):
+            raise ValueError(
+                f"embedding_bias_words has {len(words)} entries but embedding_bias_weights has {len(weights)}"
+            )
+        if not words:
+            return np.zeros(0, dtype=np.float32)
+        bias = np.zeros(len(self.tokenizer), dtype=np.float32)
+        for word, weight in zip(words, weights, strict=True):
+            for token in self.tokenizer.encode(word, add_special_tokens=False):
+                bias[token] += weight
+        return bias
 
     def _tokenize(self, request) -> list[int]:
         messages = _string(request, "chat_messages")
