@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import queue
 import subprocess
 import sys
 import urllib.request
@@ -350,3 +351,47 @@ def test_ensemble_word_lists_penalties_and_bias_equal_generate(stream, tokenizer
     (stopped,) = s.until_final()
     assert stopped.as_numpy("finish_reason").item() == b"stop_words"
     assert stopped.as_numpy("num_output_tokens").item() == free.index(stop_token) + 1
+
+
+def test_several_samples_of_one_request_stream_with_their_index(stream):
+    s = stream()
+    inputs = [
+        *llm_inputs([5, 6, 7, 8], 6),
+        tensor("num_return_sequences", [[3]], "INT32"),
+        tensor("runtime_top_k", [[50]], "INT32"),
+        tensor("random_seed", [[11]], "UINT64"),
+    ]
+    s.send("llm", inputs)
+    tokens: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    finished = set()
+    while len(finished) < 3:
+        result = s.next()
+        index = result.as_numpy("sequence_index").item()
+        tokens[index] += result.as_numpy("output_ids").reshape(-1).tolist()
+        if result.as_numpy("finish_reason").item():
+            finished.add(index)
+    assert all(len(t) == 6 for t in tokens.values())
+    assert len({tuple(t) for t in tokens.values()}) == 3
+    with pytest.raises(queue.Empty):
+        s.responses.get(timeout=0.5)  # nothing after the last sample's final response
+
+
+def test_ensemble_samples_join_to_texts_per_index(stream):
+    s = stream()
+    s.send(
+        "ensemble",
+        [
+            *ensemble_inputs("Hello 你好", 12),
+            tensor("num_return_sequences", [[2]], "INT32"),
+            tensor("temperature", [[1.0]], "FP32"),
+            tensor("random_seed", [[3]], "UINT64"),
+        ],
+    )
+    texts, finished = {0: "", 1: ""}, set()
+    while len(finished) < 2:
+        result = s.next()
+        index = result.as_numpy("sequence_index").item()
+        texts[index] += result.as_numpy("text_output").reshape(-1)[0].decode()
+        if result.as_numpy("finish_reason").item():
+            finished.add(index)
+    assert texts[0] != texts[1]

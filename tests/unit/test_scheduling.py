@@ -8,7 +8,7 @@ import pytest
 
 from tritonllm.engine.engine_thread import EngineThread, Overloaded, Submission
 from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import FinishReason, Sequence
+from tritonllm.engine.sequence import FinishReason, Sequence, samples_of
 
 from .test_engine import make_engine, random_prompts, run
 
@@ -102,3 +102,30 @@ def test_a_full_queue_rejects_at_once(tiny_model_dir):
         thread.submit(Submission(Sequence([1], SamplingParams()), lambda out: None))
     with pytest.raises(Overloaded, match="max_queue_size=2"):
         thread.submit(Submission(Sequence([1], SamplingParams()), lambda out: None))
+
+
+def test_samples_share_the_prompt_blocks_and_draw_from_their_own_seeds(tiny_model_dir):
+    prompt = SHARED + [7, 8]  # 42 tokens: 10 full blocks of 4 to share
+    params = SamplingParams(max_tokens=16, temperature=1.0, seed=40)
+    engine = make_engine(tiny_model_dir)
+    samples = samples_of(prompt, params, 4)
+    run(engine, samples)
+    assert [s.sample_index for s in samples] == [0, 1, 2, 3]
+    assert engine.blocks.prefix_hit_tokens == 3 * 40
+    assert len({tuple(s.output_ids) for s in samples}) == 4
+    for i, sample in enumerate(samples):  # each equals a lone request with seed 40 + i
+        alone = Sequence(prompt, SamplingParams(max_tokens=16, temperature=1.0, seed=40 + i))
+        run(make_engine(tiny_model_dir), [alone])
+        assert sample.output_ids == alone.output_ids
+    assert engine.blocks.num_free == engine.blocks.num_blocks
+
+
+def test_samples_wait_for_the_first_to_compute_the_prompt(tiny_model_dir):
+    engine = make_engine(tiny_model_dir, max_num_batched_tokens=16)  # the 42-token prompt takes 3 steps
+    samples = samples_of(SHARED + [7, 8], SamplingParams(max_tokens=4), 3)
+    for seq in samples:
+        engine.add(seq)
+    engine.step()
+    assert [s.status.value for s in samples] == ["running", "waiting", "waiting"]
+    run(engine, [])
+    assert all(s.output_ids == samples[0].output_ids for s in samples)  # greedy samples agree

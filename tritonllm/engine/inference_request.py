@@ -18,6 +18,7 @@ from .sequence import DEFAULT_PRIORITY, HIGHEST_PRIORITY, LOWEST_PRIORITY
 
 UINT64_MAX = (1 << 64) - 1
 MAX_TOP_LOG_PROBS = 20
+MAX_SAMPLES = 64
 
 TensorLookup = Callable[[str], "np.ndarray | None"]
 
@@ -29,6 +30,7 @@ class ParsedRequest:
     streaming: bool
     priority: int
     timeout_s: float | None  # from the request's start
+    num_samples: int
 
 
 def scalar(get: TensorLookup, name: str, default=None):
@@ -52,8 +54,10 @@ def parse(get: TensorLookup, vocab_size: int, triton_timeout_us: int = 0) -> Par
     if timeout_ms is not None:
         _check("timeout_ms", timeout_ms, timeout_ms > 0, "> 0")
     timeout_s = timeout_ms / 1e3 if timeout_ms is not None else (triton_timeout_us / 1e6 if triton_timeout_us else None)
+    samples = int(scalar(get, "num_return_sequences", 1))
+    _check("num_return_sequences", samples, 1 <= samples <= MAX_SAMPLES, f"in [1, {MAX_SAMPLES}]")
     return ParsedRequest(
-        _prompt(get), _params(get, vocab_size), bool(scalar(get, "streaming", False)), priority, timeout_s
+        _prompt(get), _params(get, vocab_size), bool(scalar(get, "streaming", False)), priority, timeout_s, samples
     )
 
 

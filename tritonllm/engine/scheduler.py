@@ -82,12 +82,13 @@ class Scheduler:
             chunks.append(ScheduledChunk(seq, n))
             budget -= n
 
-        while self.waiting and budget > 0:
-            seq = self.waiting[0]
+        for seq in [s for s in self.waiting if s.ready]:
+            if budget == 0:
+                break
             prefix, start, n = self._first_chunk(seq, budget)
             if not self._fits(prefix, start + n):
                 break  # admission itself never preempts; see _preempt_for_priority
-            self.waiting.pop(0)
+            self.waiting.remove(seq)
             if prefix:
                 self.blocks.take_prefix(seq, prefix)
             self.blocks.grow(seq, start + n)
@@ -108,8 +109,10 @@ class Scheduler:
 
     def _preempt_for_priority(self) -> None:
         """Makes room for the best waiting sequence by preempting running ones of strictly lower priority."""
-        while self.waiting and self.running:
-            seq = self.waiting[0]
+        while self.running:
+            seq = next((s for s in self.waiting if s.ready), None)
+            if seq is None:
+                return
             victim = max(self.running, key=lambda s: s.rank)
             if victim.priority <= seq.priority:
                 return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -44,6 +45,10 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)  # names of the full blocks, for prefix sharing
     priority: int = DEFAULT_PRIORITY  # 1 highest .. 5 lowest
     deadline: float | None = None  # time.monotonic() after which it ends with TIMEOUT
+    # Samples of one request: index within the request, and the sibling whose prompt this one waits for, so
+    # that it starts from that sibling's cached prompt blocks instead of computing them again.
+    sample_index: int = 0
+    after: Sequence | None = None
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     arrival_time: float = field(default_factory=time.monotonic)
@@ -87,6 +92,12 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     @property
+    def ready(self) -> bool:
+        """Whether it may be admitted: a sample waits until its sibling's prompt is in the cache."""
+        first = self.after
+        return first is None or first.is_finished or first.num_computed >= first.num_prompt_tokens
+
+    @property
     def rank(self) -> tuple[int, int]:
         """Smaller runs first: higher priority, then earlier arrival."""
         return (self.priority, self.seq_id)
@@ -96,3 +107,17 @@ class Sequence:
         if self.first_scheduled_time is None:
             return 0.0
         return self.first_scheduled_time - self.arrival_time
+
+
+def samples_of(prompt_ids: list[int], params: SamplingParams, n: int, **fields) -> list[Sequence]:
+    """`n` samples of one prompt. The first computes the prompt; the others start from its cached blocks.
+
+    With a seed, sample i draws from seed + i, so the samples differ and each is reproducible.
+    """
+    samples: list[Sequence] = []
+    for i in range(n):
+        own = (
+            params if params.seed is None or i == 0 else dataclasses.replace(params, seed=(params.seed + i) % (1 << 64))
+        )
+        samples.append(Sequence(prompt_ids, own, sample_index=i, after=samples[0] if samples else None, **fields))
+    return samples

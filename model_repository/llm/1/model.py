@@ -18,7 +18,7 @@ import triton_python_backend_utils as pb_utils
 from tritonllm.engine import inference_request
 from tritonllm.engine.engine import EngineConfig, LLMEngine
 from tritonllm.engine.engine_thread import EngineThread, Overloaded, Submission
-from tritonllm.engine.sequence import FinishReason, Sequence
+from tritonllm.engine.sequence import FinishReason, samples_of
 from tritonllm.runtime.model_config import ModelParameters
 from tritonllm.tokenizer.detokenizer import CONTEXT_TOKENS
 
@@ -63,13 +63,19 @@ class TritonPythonModel:
                     continue
                 parsed = inference_request.parse(get, vocab, request.timeout())
                 self.engine.validate(parsed.prompt_ids)
-                seq = Sequence(
-                    parsed.prompt_ids, parsed.params, request_id=request.request_id(), priority=parsed.priority
+                samples = samples_of(
+                    parsed.prompt_ids,
+                    parsed.params,
+                    parsed.num_samples,
+                    request_id=request.request_id(),
+                    priority=parsed.priority,
                 )
-                if parsed.timeout_s is not None:
-                    seq.deadline = seq.arrival_time + parsed.timeout_s
-                responder = Responder(sender, parsed.streaming, self.metrics, self.responses)
-                self.thread.submit(Submission(seq, responder, sender.is_cancelled))
+                group = SampleGroup(len(samples))
+                for seq in samples:
+                    if parsed.timeout_s is not None:
+                        seq.deadline = seq.arrival_time + parsed.timeout_s
+                    responder = Responder(sender, parsed.streaming, self.metrics, self.responses, group)
+                    self.thread.submit(Submission(seq, responder, sender.is_cancelled))
             except (ValueError, TypeError, Overloaded) as e:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=FINAL)
         return None
@@ -107,17 +113,28 @@ class ResponseQueue:
                 log.exception("could not send a response")
 
 
-class Responder:
-    """Turns engine outputs of one request into response tensors; runs on the engine thread.
+class SampleGroup:
+    """The samples of one request: Triton's FINAL flag goes on the response of the last one to finish."""
 
-    Streaming responses carry the new tokens; a non-streaming request gets one response with all of them.
+    def __init__(self, size: int) -> None:
+        self.unfinished = size
+
+
+class Responder:
+    """Turns engine outputs of one sample into response tensors; runs on the engine thread.
+
+    Streaming responses carry the new tokens; a non-streaming request gets one response per sample with all of
+    them. `sequence_index` tells the samples of a request apart.
     """
 
-    def __init__(self, sender, streaming: bool, metrics: EngineMetrics, responses: ResponseQueue) -> None:
+    def __init__(
+        self, sender, streaming: bool, metrics: EngineMetrics, responses: ResponseQueue, group: SampleGroup
+    ) -> None:
         self.sender = sender
         self.streaming = streaming
         self.metrics = metrics
         self.responses = responses
+        self.group = group
 
     def __call__(self, out) -> None:
         seq = out.seq
@@ -138,11 +155,13 @@ class Responder:
             "num_output_tokens": np.array([[seq.num_output_tokens]], dtype=np.int32),
             "batch_size": np.array([[out.batch_size]], dtype=np.int32),
             "queue_wait_us": np.array([[int(seq.queue_wait() * 1e6)]], dtype=np.int64),
+            "sequence_index": np.array([[seq.sample_index]], dtype=np.int32),
             **self._requested(seq, len(new)),
         }
         if out.finished:
             self.metrics.finished(seq.finish_reason)
-        self.responses.put(self.sender, arrays, out.finished)
+            self.group.unfinished -= 1
+        self.responses.put(self.sender, arrays, final=self.group.unfinished == 0)
 
     def _requested(self, seq, num_new: int) -> dict[str, np.ndarray]:
         """The optional outputs the request asked for, covering this response's tokens."""

@@ -9,7 +9,14 @@ from tritonllm.runtime.model_config import ModelParameters, load_tokenizer
 from tritonllm.tokenizer.detokenizer import text_increment
 
 # Forwarded unchanged, so every output of the ensemble comes from this last step in one response.
-PASS_THROUGH = ("finish_reason", "num_input_tokens", "num_output_tokens", "batch_size", "queue_wait_us")
+PASS_THROUGH = (
+    "finish_reason",
+    "num_input_tokens",
+    "num_output_tokens",
+    "batch_size",
+    "queue_wait_us",
+    "sequence_index",
+)
 
 
 class TritonPythonModel:
