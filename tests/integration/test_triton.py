@@ -395,3 +395,16 @@ def test_ensemble_samples_join_to_texts_per_index(stream):
         if result.as_numpy("finish_reason").item():
             finished.add(index)
     assert texts[0] != texts[1]
+
+
+def test_draft_tokens_through_triton_give_the_same_greedy_output(stream, hf_model):
+    prompt = [11, 250, 3000, 42, 7]
+    expected = greedy_ids(hf_model, prompt, 10)
+    s = stream()
+    wrong = (expected[3] + 1) % 4096
+    s.send("llm", [*llm_inputs(prompt, 10), tensor("draft_input_ids", [[*expected[:3], wrong]], "INT32")])
+    results = s.until_final()
+    first = results[0]
+    assert first.as_numpy("output_ids").reshape(-1).tolist() == expected[:4]  # 3 accepted, plus one
+    assert first.as_numpy("num_accepted_draft_tokens").item() == 3
+    assert [t for r in results for t in r.as_numpy("output_ids").reshape(-1).tolist()] == expected

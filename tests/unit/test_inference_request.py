@@ -94,3 +94,13 @@ def test_word_lists_round_trip():
     assert encoded.tolist() == [[1, 2, 3, 4, 5, 6], [2, 3, 6, -1, -1, -1]]
     assert decode_word_list(encoded, "x", VOCAB) == words
     assert decode_word_list(encode_word_list([]), "x", VOCAB) == []
+
+
+def test_draft_tensors_arrive_and_are_checked():
+    logits = np.zeros((1, 2, VOCAB), dtype=np.float32)
+    parsed = parse(request(draft_input_ids=np.array([[5, 6]], dtype=np.int32), draft_logits=logits), VOCAB)
+    assert parsed.draft_tokens == [5, 6] and parsed.draft_logits.shape == (2, VOCAB)
+    with pytest.raises(ValueError, match="draft_input_ids"):
+        parse(request(draft_input_ids=np.array([[VOCAB]], dtype=np.int32)), VOCAB)
+    with pytest.raises(ValueError, match="draft_logits"):
+        parse(request(draft_input_ids=np.array([[5]], dtype=np.int32), draft_logits=logits), VOCAB)

@@ -11,7 +11,7 @@ import torch
 from .block_manager import BlockManager
 from .logits_processors import ends_with_stop_word
 from .model_runner import ModelRunner
-from .sampler import Sampled, sample
+from .sampler import Sampled, sample_one
 from .scheduler import ScheduledChunk, Scheduler
 from .sequence import FinishReason, Sequence
 from .stats import EngineStats
@@ -93,16 +93,35 @@ class LLMEngine:
         for chunk in chunks:
             chunk.seq.num_computed += chunk.num_tokens
             self.blocks.register_full_blocks(chunk.seq)
-        seqs = [c.seq for c in sampling]
-        now = time.monotonic()
-        for i, (seq, sampled) in enumerate(zip(seqs, sample(logits, seqs), strict=True)):
-            self._record(seq, sampled, logits[i])
+        argmax = logits.argmax(-1).tolist()
+        now, row = time.monotonic(), 0
+        for chunk in sampling:
+            outputs.append(StepOutput(chunk.seq, self._sample(chunk, logits, argmax, row, now), len(chunks)))
+            row += 1 + len(chunk.drafts)
+        return outputs
+
+    def _sample(self, chunk: ScheduledChunk, logits: torch.Tensor, argmax: list[int], row: int, now: float):
+        """Samples the chunk's next token, or verifies its drafts: every accepted draft plus one more token."""
+        seq, drafts, new = chunk.seq, chunk.drafts, []
+        if drafts:
+            seq.accepted_drafts = 0
+        for i in range(len(drafts) + 1):
+            draft = drafts[i] if i < len(drafts) else None
+            sampled = sample_one(logits[row + i], seq, argmax[row + i], draft)
+            self._record(seq, sampled, logits[row + i])
             self._observe_latency(seq, now)
+            new.append(sampled.token)
             reason = self._finish_reason(seq, sampled.token)
             if reason is not None:
                 self.scheduler.finish(seq, reason)
-            outputs.append(StepOutput(seq, [sampled.token], len(chunks)))
-        return outputs
+                break
+            if draft is None or sampled.token != draft:
+                break
+            seq.accepted_drafts += 1
+            seq.num_computed += 1  # the draft's K/V, computed in this pass, now belongs to the sequence
+        if drafts:
+            seq.draft_tokens, seq.draft_logits = [], None
+        return new
 
     def _count_step(self, chunks: list[ScheduledChunk]) -> None:
         stats = self.stats

@@ -31,6 +31,8 @@ class ParsedRequest:
     priority: int
     timeout_s: float | None  # from the request's start
     num_samples: int
+    draft_tokens: list[int]
+    draft_logits: torch.Tensor | None
 
 
 def scalar(get: TensorLookup, name: str, default=None):
@@ -56,9 +58,34 @@ def parse(get: TensorLookup, vocab_size: int, triton_timeout_us: int = 0) -> Par
     timeout_s = timeout_ms / 1e3 if timeout_ms is not None else (triton_timeout_us / 1e6 if triton_timeout_us else None)
     samples = int(scalar(get, "num_return_sequences", 1))
     _check("num_return_sequences", samples, 1 <= samples <= MAX_SAMPLES, f"in [1, {MAX_SAMPLES}]")
+    drafts, draft_logits = _drafts(get, vocab_size)
     return ParsedRequest(
-        _prompt(get), _params(get, vocab_size), bool(scalar(get, "streaming", False)), priority, timeout_s, samples
+        _prompt(get),
+        _params(get, vocab_size),
+        bool(scalar(get, "streaming", False)),
+        priority,
+        timeout_s,
+        samples,
+        drafts,
+        draft_logits,
     )
+
+
+def _drafts(get: TensorLookup, vocab_size: int) -> tuple[list[int], torch.Tensor | None]:
+    ids, logits = get("draft_input_ids"), get("draft_logits")
+    drafts = [] if ids is None else ids.reshape(-1).astype(np.int64).tolist()
+    bad = [t for t in drafts if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"draft_input_ids holds token ids outside [0, {vocab_size}): {bad[:5]}")
+    if logits is None:
+        return drafts, None
+    table = logits.reshape(-1, logits.shape[-1]) if logits.ndim >= 2 else logits
+    if not drafts or table.shape != (len(drafts), vocab_size):
+        raise ValueError(
+            f"draft_logits must be [num_draft_tokens={len(drafts)}, vocab_size={vocab_size}] "
+            f"alongside draft_input_ids, got {list(logits.shape)}"
+        )
+    return drafts, torch.from_numpy(table.astype(np.float32))
 
 
 def _prompt(get: TensorLookup) -> list[int]:

@@ -75,8 +75,9 @@ class ModelRunner:
     def forward(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Runs the chunks as one packed batch.
 
-        Returns float32 logits [num_sampling_chunks, vocab] for the chunks that sample, and, for sequences that
-        asked for context logits, the logits of this chunk's prompt positions not recorded yet, by chunk index.
+        Returns float32 logits for the chunks that sample, in order: one row each, plus one per draft token it
+        carries; and, for sequences that asked for context logits, the logits of this chunk's prompt positions
+        not recorded yet, by chunk index.
         """
         input_ids, positions, slots, sample_rows = [], [], [], []
         context_rows: dict[int, list[int]] = {}
@@ -84,15 +85,16 @@ class ModelRunner:
             seq, start = chunk.seq, chunk.seq.num_computed
             end = start + chunk.num_tokens
             offset = len(input_ids)
-            input_ids.extend(seq.token_ids[start:end])
-            positions.extend(range(start, end))
-            slots.extend(self.blocks.slot(seq, p) for p in range(start, end))
+            input_ids.extend(chunk.fed_tokens)
+            positions.extend(range(start, start + chunk.num_fed))
+            slots.extend(self.blocks.slot(seq, p) for p in range(start, start + chunk.num_fed))
             if seq.params.return_context_logits:
                 wanted = range(max(start, len(seq.context_logits)), min(end, seq.num_prompt_tokens))
                 if wanted:
                     context_rows[index] = [offset + p - start for p in wanted]
             if chunk.samples:
-                sample_rows.append(len(input_ids) - 1)
+                last = offset + chunk.num_tokens - 1
+                sample_rows.extend(range(last, last + 1 + len(chunk.drafts)))
         dev = self.device
         keep = sample_rows + [r for rows in context_rows.values() for r in rows]
         batch = PagedBatch(
@@ -118,19 +120,19 @@ class ModelRunner:
         decodes, offset = [], 0
         groups = []
         for chunk in chunks:
-            if chunk.num_tokens == 1:
+            if chunk.num_fed == 1:
                 decodes.append((chunk, offset))
             else:
                 groups.append(self._group([(chunk, offset)]))
-            offset += chunk.num_tokens
+            offset += chunk.num_fed
         if decodes:
             groups.append(self._group(decodes))
         return groups
 
     def _group(self, members: list[tuple[ScheduledChunk, int]]) -> AttentionGroup:
         bs = self.blocks.block_size
-        max_q = max(c.num_tokens for c, _ in members)
-        max_blocks = max(self.blocks.blocks_needed(c.seq.num_computed + c.num_tokens) for c, _ in members)
+        max_q = max(c.num_fed for c, _ in members)
+        max_blocks = max(self.blocks.blocks_needed(c.seq.num_computed + c.num_fed) for c, _ in members)
         b = len(members)
         query_index = torch.zeros(b, max_q, dtype=torch.long)
         block_index = torch.zeros(b, max_blocks, dtype=torch.long)
@@ -138,7 +140,7 @@ class ModelRunner:
         valid = torch.zeros(b, max_q, dtype=torch.bool)
         out_index = []
         for i, (chunk, offset) in enumerate(members):
-            start, n = chunk.seq.num_computed, chunk.num_tokens
+            start, n = chunk.seq.num_computed, chunk.num_fed
             ctx = start + n
             query_index[i, :n] = torch.arange(offset, offset + n)
             query_index[i, n:] = offset + n - 1
@@ -158,7 +160,7 @@ class ModelRunner:
             mask=mask.to(dev),
             valid=valid.flatten().to(dev),
             out_index=torch.tensor(out_index, dtype=torch.long, device=dev),
-            context_lens=torch.tensor([c.seq.num_computed + c.num_tokens for c, _ in members], device=dev),
+            context_lens=torch.tensor([c.seq.num_computed + c.num_fed for c, _ in members], device=dev),
             key_buffer=None if native else torch.empty(buffer_shape, dtype=self.dtype, device=dev),
             value_buffer=None if native else torch.empty(buffer_shape, dtype=self.dtype, device=dev),
         )

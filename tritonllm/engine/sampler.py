@@ -37,26 +37,44 @@ def warp(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> 
     return logits
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[Sampled]:
-    """logits: [len(seqs), vocab] float32, unprocessed."""
-    tokens = logits.argmax(-1).tolist()
-    wants_logprobs = any(s.params.return_log_probs or s.params.top_log_probs for s in seqs)
-    logprobs = torch.log_softmax(logits, -1) if wants_logprobs else None
-    out = []
-    for i, seq in enumerate(seqs):
-        p = seq.params
-        raw = logits[i]
-        row = process(raw, seq)
-        if p.greedy:
-            token = tokens[i] if row is raw else int(row.argmax())
-        else:
-            probs = warp(row, p.temperature, p.top_k, p.top_p).softmax(-1)
-            token = int(torch.multinomial(probs, 1, generator=seq.generator))
-        result = Sampled(token)
+def sample_one(raw: torch.Tensor, seq: Sequence, argmax: int | None = None, draft: int | None = None) -> Sampled:
+    """The next token of `seq` from its unprocessed logits `raw`.
+
+    With `draft`, the guess at this position is verified first: greedily it is kept when it is the argmax; when
+    sampling, by the speculative-sampling rule, kept with probability min(1, p(draft) / q(draft)), where q is
+    the drafter's distribution (its logits, else all mass on the draft), and on rejection the token is drawn
+    from the normalized max(0, p - q). Either way the result follows the target distribution p.
+    """
+    p = seq.params
+    row = process(raw, seq)
+    if p.greedy:
+        token = argmax if row is raw and argmax is not None else int(row.argmax())
+    else:
+        probs = warp(row, p.temperature, p.top_k, p.top_p).softmax(-1)
+        token = _speculative(probs, seq, draft) if draft is not None else _draw(probs, seq)
+    result = Sampled(token)
+    if p.return_log_probs or p.top_log_probs:
+        logprobs = torch.log_softmax(raw, -1)
         if p.return_log_probs:
-            result.logprob = float(logprobs[i, token])
+            result.logprob = float(logprobs[token])
         if p.top_log_probs:
-            top = torch.topk(logprobs[i], p.top_log_probs)
+            top = torch.topk(logprobs, p.top_log_probs)
             result.top_ids, result.top_logprobs = top.indices.tolist(), top.values.tolist()
-        out.append(result)
-    return out
+    return result
+
+
+def _draw(probs: torch.Tensor, seq: Sequence) -> int:
+    return int(torch.multinomial(probs, 1, generator=seq.generator))
+
+
+def _speculative(probs: torch.Tensor, seq: Sequence, draft: int) -> int:
+    if seq.draft_logits is not None:
+        q = seq.draft_logits[seq.accepted_drafts].softmax(-1)
+    else:
+        q = torch.zeros_like(probs)
+        q[draft] = 1.0
+    accept = min(1.0, float(probs[draft]) / max(float(q[draft]), 1e-20))
+    if float(torch.rand(1, generator=seq.generator)) < accept:
+        return draft
+    residual = (probs - q).clamp(min=0)
+    return _draw(residual / residual.sum() if residual.sum() > 0 else probs, seq)

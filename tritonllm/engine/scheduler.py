@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
 from .sequence import FinishReason, Sequence, SequenceStatus
@@ -25,11 +25,21 @@ from .sequence import FinishReason, Sequence, SequenceStatus
 class ScheduledChunk:
     seq: Sequence
     num_tokens: int
+    drafts: list[int] = field(default_factory=list)  # guessed next tokens, fed after the chunk to be verified
 
     @property
     def samples(self) -> bool:
         """A chunk that reaches the end of the sequence's tokens yields logits for the next token."""
         return self.seq.num_computed + self.num_tokens == len(self.seq.token_ids)
+
+    @property
+    def fed_tokens(self) -> list[int]:
+        start = self.seq.num_computed
+        return self.seq.token_ids[start : start + self.num_tokens] + self.drafts
+
+    @property
+    def num_fed(self) -> int:
+        return self.num_tokens + len(self.drafts)
 
 
 class Scheduler:
@@ -71,33 +81,37 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted while making room for a better-ranked sequence
-            n = min(seq.num_uncomputed, budget)
-            if not self._make_room(seq, seq.num_computed + n):
+            chunk = self._plan(seq, seq.num_computed, budget)
+            if chunk is None:
+                continue
+            if not self._make_room(seq, seq.num_computed + chunk.num_fed):
                 if seq.status is SequenceStatus.RUNNING:
                     # Alone in the pool and still too long: it can never continue.
                     self.finish(seq, FinishReason.LENGTH)
                     ended.append(seq)
                 continue
-            self.blocks.grow(seq, seq.num_computed + n)
-            chunks.append(ScheduledChunk(seq, n))
-            budget -= n
+            self.blocks.grow(seq, seq.num_computed + chunk.num_fed)
+            chunks.append(chunk)
+            budget -= chunk.num_fed
 
         for seq in [s for s in self.waiting if s.ready]:
             if budget == 0:
                 break
-            prefix, start, n = self._first_chunk(seq, budget)
-            if not self._fits(prefix, start + n):
+            prefix, start, chunk = self._first_chunk(seq, budget)
+            if chunk is None:
+                continue
+            if not self._fits(prefix, start + chunk.num_fed):
                 break  # admission itself never preempts; see _preempt_for_priority
             self.waiting.remove(seq)
             if prefix:
                 self.blocks.take_prefix(seq, prefix)
-            self.blocks.grow(seq, start + n)
+            self.blocks.grow(seq, start + chunk.num_fed)
             seq.status = SequenceStatus.RUNNING
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.monotonic()
             self.running.append(seq)
-            chunks.append(ScheduledChunk(seq, n))
-            budget -= n
+            chunks.append(chunk)
+            budget -= chunk.num_fed
         return chunks, ended
 
     def _expire(self) -> list[Sequence]:
@@ -116,16 +130,32 @@ class Scheduler:
             victim = max(self.running, key=lambda s: s.rank)
             if victim.priority <= seq.priority:
                 return
-            prefix, start, n = self._first_chunk(seq, self.max_num_batched_tokens)
-            if self._fits(prefix, start + n):
+            prefix, start, chunk = self._first_chunk(seq, self.max_num_batched_tokens)
+            if chunk is None or self._fits(prefix, start + chunk.num_fed):
                 return
             self._preempt(victim)
 
-    def _first_chunk(self, seq: Sequence, budget: int) -> tuple[list[int], int, int]:
+    def _first_chunk(self, seq: Sequence, budget: int) -> tuple[list[int], int, ScheduledChunk | None]:
         """The cached blocks a waiting sequence would start from, where it would start, and its first chunk."""
         prefix = self.blocks.cached_prefix(seq)
         start = len(prefix) * self.blocks.block_size
-        return prefix, start, min(len(seq.token_ids) - start, budget)
+        return prefix, start, self._plan(seq, start, budget)
+
+    @staticmethod
+    def _plan(seq: Sequence, start: int, budget: int) -> ScheduledChunk | None:
+        """The next chunk of `seq` from `start`; pending draft tokens ride along only on the chunk that samples.
+
+        A chunk that would sample but has no room for the drafts stops one token short, so that the drafts are
+        still verified right after the tokens they continue. None when nothing fits this step.
+        """
+        remaining = len(seq.token_ids) - start
+        drafts = seq.draft_tokens
+        if drafts and remaining + len(drafts) <= budget:
+            return ScheduledChunk(seq, remaining, list(drafts))
+        n = min(remaining, budget)
+        if drafts and n == remaining:
+            n -= 1
+        return ScheduledChunk(seq, n) if n > 0 else None
 
     def _fits(self, prefix: list[int], num_tokens: int) -> bool:
         """Whether a new sequence starting from `prefix` can hold `num_tokens` and join the batch."""

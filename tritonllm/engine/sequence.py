@@ -49,6 +49,10 @@ class Sequence:
     # that it starts from that sibling's cached prompt blocks instead of computing them again.
     sample_index: int = 0
     after: Sequence | None = None
+    # Guessed next tokens (and optionally the drafter's logits for them), verified in one step, then cleared.
+    draft_tokens: list[int] = field(default_factory=list)
+    draft_logits: torch.Tensor | None = None  # [len(draft_tokens), vocab]
+    accepted_drafts: int = 0  # of the last verification
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     arrival_time: float = field(default_factory=time.monotonic)

@@ -72,9 +72,12 @@ class TritonPythonModel:
                 )
                 group = SampleGroup(len(samples))
                 for seq in samples:
+                    seq.draft_tokens, seq.draft_logits = list(parsed.draft_tokens), parsed.draft_logits
                     if parsed.timeout_s is not None:
                         seq.deadline = seq.arrival_time + parsed.timeout_s
-                    responder = Responder(sender, parsed.streaming, self.metrics, self.responses, group)
+                    responder = Responder(
+                        sender, parsed.streaming, self.metrics, self.responses, group, bool(parsed.draft_tokens)
+                    )
                     self.thread.submit(Submission(seq, responder, sender.is_cancelled))
             except (ValueError, TypeError, Overloaded) as e:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=FINAL)
@@ -128,13 +131,20 @@ class Responder:
     """
 
     def __init__(
-        self, sender, streaming: bool, metrics: EngineMetrics, responses: ResponseQueue, group: SampleGroup
+        self,
+        sender,
+        streaming: bool,
+        metrics: EngineMetrics,
+        responses: ResponseQueue,
+        group: SampleGroup,
+        drafted: bool,
     ) -> None:
         self.sender = sender
         self.streaming = streaming
         self.metrics = metrics
         self.responses = responses
         self.group = group
+        self.drafted = drafted  # the request carries draft tokens: report how many were accepted
 
     def __call__(self, out) -> None:
         seq = out.seq
@@ -177,6 +187,8 @@ class Responder:
             arrays["top_log_probs"] = np.array([t[1] for t in top], dtype=np.float32).reshape(shape)
         if p.return_context_logits and first == 0 and seq.context_logits:
             arrays["context_logits"] = torch.stack(seq.context_logits).numpy()[None]
+        if self.drafted:
+            arrays["num_accepted_draft_tokens"] = np.array([[seq.accepted_drafts]], dtype=np.int32)
         if p.return_generation_logits and num_new:
             arrays["generation_logits"] = torch.stack(seq.generation_logits[first:]).numpy()[None, None]
         return arrays
