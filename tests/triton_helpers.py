@@ -18,7 +18,8 @@ def tensor(name: str, value, datatype: str) -> grpcclient.InferInput:
     if datatype == "BYTES":
         array = np.array(value, dtype=np.object_)
     else:
-        array = array.astype({"INT32": np.int32, "BOOL": bool, "FP32": np.float32, "UINT64": np.uint64}[datatype])
+        types = {"INT32": np.int32, "BOOL": bool, "FP32": np.float32, "FP16": np.float16, "UINT64": np.uint64}
+        array = array.astype(types[datatype])
     t = grpcclient.InferInput(name, list(array.shape), datatype)
     t.set_data_from_numpy(array)
     return t

@@ -408,3 +408,33 @@ def test_draft_tokens_through_triton_give_the_same_greedy_output(stream, hf_mode
     assert first.as_numpy("output_ids").reshape(-1).tolist() == expected[:4]  # 3 accepted, plus one
     assert first.as_numpy("num_accepted_draft_tokens").item() == 3
     assert [t for r in results for t in r.as_numpy("output_ids").reshape(-1).tolist()] == expected
+
+
+def test_prompt_embedding_table_through_triton_equals_generate(stream, hf_model):
+    hidden = hf_model.config.hidden_size
+    table = torch.randn(3, hidden, generator=torch.Generator().manual_seed(9)).half()
+    prompt = [4096, 4097, 4098, 300, 301]
+    with torch.no_grad():
+        embeds = torch.cat([table.float(), hf_model.get_input_embeddings()(torch.tensor(prompt[3:]))])[None]
+        expected = hf_model.generate(
+            inputs_embeds=embeds,
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=8,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[0].tolist()
+    s = stream()
+    s.send(
+        "llm",
+        [
+            *llm_inputs(prompt, 8, streaming=False),
+            tensor("prompt_embedding_table", table.numpy()[None], "FP16"),
+            tensor("prompt_vocab_size", [[3]], "INT32"),
+        ],
+    )
+    (whole,) = s.until_final()
+    assert whole.as_numpy("output_ids").reshape(-1).tolist() == expected
+    s.send("llm", llm_inputs(prompt, 2))  # without the table those ids are outside the vocabulary
+    with pytest.raises(InferenceServerException, match="input_ids"):
+        s.next()

@@ -104,3 +104,15 @@ def test_draft_tensors_arrive_and_are_checked():
         parse(request(draft_input_ids=np.array([[VOCAB]], dtype=np.int32)), VOCAB)
     with pytest.raises(ValueError, match="draft_logits"):
         parse(request(draft_input_ids=np.array([[5]], dtype=np.int32), draft_logits=logits), VOCAB)
+
+
+def test_prompt_table_tensors_are_checked():
+    table = np.zeros((1, 3, 128), dtype=np.float16)
+    parsed = parse(request(prompt_embedding_table=table, prompt_vocab_size=2), VOCAB, hidden_size=128)
+    assert parsed.prompt_table.shape == (2, 128) and parsed.prompt_table.dtype.is_floating_point
+    with pytest.raises(ValueError, match="prompt_embedding_table"):
+        parse(request(prompt_embedding_table=table), VOCAB, hidden_size=64)
+    with pytest.raises(ValueError, match="prompt_vocab_size"):
+        parse(request(prompt_embedding_table=table, prompt_vocab_size=4), VOCAB, hidden_size=128)
+    with pytest.raises(ValueError, match="prompt_vocab_size"):
+        parse(request(prompt_vocab_size=4), VOCAB, hidden_size=128)

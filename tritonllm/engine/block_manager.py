@@ -66,7 +66,7 @@ class BlockManager:
 
     def cached_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks holding the start of a sequence that has none yet (its last token is left to compute)."""
-        if not self.prefix_caching or seq.block_table:
+        if not self.prefix_caching or seq.block_table or seq.prompt_table is not None:
             return []
         hashes = self._hashes(seq.token_ids[: len(seq.token_ids) - 1])
         found = []
@@ -93,8 +93,8 @@ class BlockManager:
 
     def register_full_blocks(self, seq: Sequence) -> None:
         """Names the blocks that `seq` has filled since the last call, so later requests can share them."""
-        if not self.prefix_caching:
-            return
+        if not self.prefix_caching or seq.prompt_table is not None:
+            return  # its virtual token ids do not name the embeddings behind them
         full = seq.num_computed // self.block_size
         while len(seq.block_hashes) < full:
             i = len(seq.block_hashes)

@@ -53,21 +53,24 @@ class LLMEngine:
         return min(self.runner.shape.max_position_embeddings, self.blocks.num_blocks * self.blocks.block_size)
 
     def add(self, seq: Sequence) -> None:
-        self.validate(seq.prompt_ids)
+        self.validate(seq.prompt_ids, 0 if seq.prompt_table is None else len(seq.prompt_table))
         self.scheduler.add(seq)
 
-    def validate(self, prompt_ids: list[int]) -> None:
-        """Raises ValueError naming `input_ids` for prompts this engine cannot run; safe from any thread."""
+    def validate(self, prompt_ids: list[int], virtual_tokens: int = 0) -> None:
+        """Raises ValueError naming `input_ids` for prompts this engine cannot run; safe from any thread.
+
+        `virtual_tokens`: rows of the request's prompt table, which ids from the vocabulary size on select.
+        """
         if not prompt_ids:
             raise ValueError("input_ids is empty")
         if len(prompt_ids) >= self.max_model_len:
             raise ValueError(
                 f"input_ids has {len(prompt_ids)} tokens; this model takes at most {self.max_model_len - 1}"
             )
-        vocab = self.runner.shape.vocab_size
-        bad = [t for t in prompt_ids if not 0 <= t < vocab]
+        limit = self.runner.shape.vocab_size + virtual_tokens
+        bad = [t for t in prompt_ids if not 0 <= t < limit]
         if bad:
-            raise ValueError(f"input_ids holds token ids outside [0, {vocab}): {bad[:5]}")
+            raise ValueError(f"input_ids holds token ids outside [0, {limit}): {bad[:5]}")
 
     def abort(self, seq: Sequence) -> None:
         if not seq.is_finished:

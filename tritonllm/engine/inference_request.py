@@ -33,6 +33,7 @@ class ParsedRequest:
     num_samples: int
     draft_tokens: list[int]
     draft_logits: torch.Tensor | None
+    prompt_table: torch.Tensor | None  # [prompt_vocab_size, hidden] for ids from the vocabulary size on
 
 
 def scalar(get: TensorLookup, name: str, default=None):
@@ -48,8 +49,9 @@ def is_stop_request(get: TensorLookup) -> bool:
     return bool(scalar(get, "stop", False))
 
 
-def parse(get: TensorLookup, vocab_size: int, triton_timeout_us: int = 0) -> ParsedRequest:
-    """`triton_timeout_us`: the request's own Triton timeout, used when no `timeout_ms` tensor is given."""
+def parse(get: TensorLookup, vocab_size: int, triton_timeout_us: int = 0, hidden_size: int = 0) -> ParsedRequest:
+    """`triton_timeout_us`: the request's own Triton timeout, used when no `timeout_ms` tensor is given.
+    `hidden_size`: the model's, which a p-tuning table must match."""
     priority = int(scalar(get, "priority", DEFAULT_PRIORITY))
     _check("priority", priority, HIGHEST_PRIORITY <= priority <= LOWEST_PRIORITY, "in [1, 5] (1 highest)")
     timeout_ms = scalar(get, "timeout_ms")
@@ -68,7 +70,24 @@ def parse(get: TensorLookup, vocab_size: int, triton_timeout_us: int = 0) -> Par
         samples,
         drafts,
         draft_logits,
+        _prompt_table(get, hidden_size),
     )
+
+
+def _prompt_table(get: TensorLookup, hidden_size: int) -> torch.Tensor | None:
+    table, size = get("prompt_embedding_table"), scalar(get, "prompt_vocab_size")
+    if table is None:
+        if size is not None:
+            raise ValueError("prompt_vocab_size needs a prompt_embedding_table")
+        return None
+    rows = table.reshape(-1, table.shape[-1]) if table.ndim >= 2 else None
+    if rows is None or rows.shape[1] != hidden_size:
+        raise ValueError(
+            f"prompt_embedding_table must be [1, rows, hidden_size={hidden_size}], got {list(table.shape)}"
+        )
+    size = rows.shape[0] if size is None else int(size)
+    _check("prompt_vocab_size", size, 0 < size <= rows.shape[0], f"in [1, {rows.shape[0]}] (the table's rows)")
+    return torch.from_numpy(rows[:size].astype(np.float32))
 
 
 def _drafts(get: TensorLookup, vocab_size: int) -> tuple[list[int], torch.Tensor | None]:

@@ -20,7 +20,9 @@ def process(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
     if not p.processes_logits:
         return logits
     logits = logits.clone()
+    vocab = logits.shape[0]
     tokens = torch.tensor(seq.token_ids, dtype=torch.long)
+    tokens = tokens[tokens < vocab]  # p-tuning's virtual prompt ids have no logits
     if p.embedding_bias is not None:
         logits += p.embedding_bias
     if p.repetition_penalty != 1.0:
@@ -32,14 +34,14 @@ def process(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
             counts = torch.bincount(output, minlength=logits.shape[0]).to(logits.dtype)
             logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
     if p.no_repeat_ngram_size:
-        banned = banned_ngram_tokens(seq.token_ids, p.no_repeat_ngram_size)
+        banned = [t for t in banned_ngram_tokens(seq.token_ids, p.no_repeat_ngram_size) if t < vocab]
         if banned:
-            logits[list(banned)] = NEG_INF
+            logits[banned] = NEG_INF
     if p.bad_words:
         banned = [w[-1] for w in p.bad_words if len(w) == 1 or _ends_with(seq.token_ids, w[:-1])]
         if banned:
             logits[banned] = NEG_INF
-    if p.min_tokens and seq.num_output_tokens < p.min_tokens and 0 <= p.end_id < logits.shape[0]:
+    if p.min_tokens and seq.num_output_tokens < p.min_tokens and 0 <= p.end_id < vocab:
         logits[p.end_id] = NEG_INF
     return logits
 

@@ -103,7 +103,7 @@ class ModelRunner:
             groups=self._groups(chunks),
         )
         out = self.model(
-            input_ids=torch.tensor([input_ids], device=dev),
+            **self._inputs(chunks, input_ids),
             position_ids=torch.tensor([positions], device=dev),
             use_cache=False,
             logits_to_keep=torch.tensor(keep or [0], device=dev),
@@ -115,6 +115,23 @@ class ModelRunner:
             context[index] = logits[at : at + len(rows)]
             at += len(rows)
         return logits[: len(sample_rows)], context
+
+    def _inputs(self, chunks: list[ScheduledChunk], input_ids: list[int]) -> dict[str, torch.Tensor]:
+        """`input_ids`, or `inputs_embeds` where p-tuning ids (>= vocab size) pick rows of a prompt table."""
+        ids = torch.tensor([input_ids], device=self.device)
+        vocab = self.shape.vocab_size
+        if not any(c.seq.prompt_table is not None for c in chunks):
+            return {"input_ids": ids}
+        embeds = self.model.get_input_embeddings()(ids.clamp(max=vocab - 1))
+        offset = 0
+        for chunk in chunks:
+            table = chunk.seq.prompt_table
+            if table is not None:
+                fed = ids[0, offset : offset + chunk.num_fed]
+                virtual = (fed >= vocab).nonzero().flatten()
+                embeds[0, offset + virtual] = table[fed[virtual] - vocab].to(embeds.dtype)
+            offset += chunk.num_fed
+        return {"inputs_embeds": embeds}
 
     def _groups(self, chunks: list[ScheduledChunk]) -> list[AttentionGroup]:
         decodes, offset = [], 0

@@ -53,6 +53,8 @@ class Sequence:
     draft_tokens: list[int] = field(default_factory=list)
     draft_logits: torch.Tensor | None = None  # [len(draft_tokens), vocab]
     accepted_drafts: int = 0  # of the last verification
+    # P-tuning: prompt ids from the vocabulary size on select rows of this [rows, hidden] table.
+    prompt_table: torch.Tensor | None = None
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     arrival_time: float = field(default_factory=time.monotonic)

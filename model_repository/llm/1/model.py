@@ -40,6 +40,7 @@ class TritonPythonModel:
             enable_prefix_caching=params.bool("enable_prefix_caching", True),
         )
         self.engine = LLMEngine(config)
+        self.hidden_size = self.engine.runner.model.config.hidden_size
         self.metrics = EngineMetrics()
         self.responses = ResponseQueue()
         self.thread = EngineThread(
@@ -61,14 +62,16 @@ class TritonPythonModel:
                     self.thread.cancel(request.request_id())
                     sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=FINAL)
                     continue
-                parsed = inference_request.parse(get, vocab, request.timeout())
-                self.engine.validate(parsed.prompt_ids)
+                parsed = inference_request.parse(get, vocab, request.timeout(), self.hidden_size)
+                table = parsed.prompt_table
+                self.engine.validate(parsed.prompt_ids, 0 if table is None else len(table))
                 samples = samples_of(
                     parsed.prompt_ids,
                     parsed.params,
                     parsed.num_samples,
                     request_id=request.request_id(),
                     priority=parsed.priority,
+                    prompt_table=table,
                 )
                 group = SampleGroup(len(samples))
                 for seq in samples:
