@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+
+import numpy as np
 import torch
 
+from tritonllm.engine.lora import MODULES
 from tritonllm.tokenizer.detokenizer import CONTEXT_TOKENS, text_increment
 
 
@@ -18,3 +22,27 @@ def greedy_text(hf_model, tokenizer, prompt_ids: list[int], max_new_tokens: int)
     """What the ensemble should answer: generate() until the tokenizer's eos, decoded after the prompt."""
     ids = greedy_ids(hf_model, prompt_ids, max_new_tokens, eos=tokenizer.eos_token_id)
     return text_increment(tokenizer, prompt_ids[-CONTEXT_TOKENS:], ids, final=True), ids
+
+
+def random_adapter(model, seed: int, rank: int = 4) -> tuple[np.ndarray, np.ndarray, dict]:
+    """TensorRT-LLM-format lora_weights / lora_config for q, v and down projections of every layer."""
+    g = torch.Generator().manual_seed(seed)
+    rows, config, deltas = [], [], {}
+    for layer in range(len(model.model.layers)):
+        for module_id in (1, 3, 6):
+            linear = model.model.layers[layer].get_submodule(MODULES[module_id])
+            a = torch.randn(rank, linear.in_features, generator=g) * 0.3
+            b = torch.randn(linear.out_features, rank, generator=g) * 0.3
+            rows.append(torch.cat([a.flatten(), b.flatten()]))
+            config.append([module_id, layer, rank])
+            deltas[(layer, MODULES[module_id])] = b @ a
+    width = max(len(r) for r in rows)
+    weights = torch.stack([torch.nn.functional.pad(r, (0, width - len(r))) for r in rows])
+    return weights.numpy(), np.array(config, dtype=np.int32), deltas
+
+
+def merged(model, deltas: dict):
+    copy_ = copy.deepcopy(model)
+    for (layer, name), delta in deltas.items():
+        copy_.model.layers[layer].get_submodule(name).weight.data += delta
+    return copy_

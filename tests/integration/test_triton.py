@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from oracles import greedy_ids, greedy_text
+from oracles import greedy_ids, greedy_text, merged, random_adapter
 from triton_helpers import Stream, metric, tensor, wait_for
 from tritonclient.utils import InferenceServerException
 
@@ -437,4 +437,23 @@ def test_prompt_embedding_table_through_triton_equals_generate(stream, hf_model)
     assert whole.as_numpy("output_ids").reshape(-1).tolist() == expected
     s.send("llm", llm_inputs(prompt, 2))  # without the table those ids are outside the vocabulary
     with pytest.raises(InferenceServerException, match="input_ids"):
+        s.next()
+
+
+def test_lora_through_triton_equals_the_merged_weights(stream, hf_model):
+    weights, config, deltas = random_adapter(hf_model, 5)
+    prompt = [11, 250, 3000, 42, 7]
+    expected = greedy_ids(merged(hf_model, deltas), prompt, 8)
+    s = stream()
+    lora = [
+        tensor("lora_task_id", [[77]], "UINT64"),
+        tensor("lora_weights", weights[None], "FP32"),
+        tensor("lora_config", config[None], "INT32"),
+    ]
+    s.send("llm", [*llm_inputs(prompt, 8, streaming=False), *lora])
+    assert s.until_final()[0].as_numpy("output_ids").reshape(-1).tolist() == expected
+    s.send("llm", [*llm_inputs(prompt, 8, streaming=False), lora[0]])  # cached: the task id alone
+    assert s.until_final()[0].as_numpy("output_ids").reshape(-1).tolist() == expected
+    s.send("llm", [*llm_inputs(prompt, 8, streaming=False), tensor("lora_task_id", [[78]], "UINT64")])
+    with pytest.raises(InferenceServerException, match="lora_task_id 78 is not cached"):
         s.next()

@@ -68,7 +68,7 @@ class BlockManager:
         """Cached blocks holding the start of a sequence that has none yet (its last token is left to compute)."""
         if not self.prefix_caching or seq.block_table or seq.prompt_table is not None:
             return []
-        hashes = self._hashes(seq.token_ids[: len(seq.token_ids) - 1])
+        hashes = self._hashes(seq.token_ids[: len(seq.token_ids) - 1], seq.kv_namespace)
         found = []
         for h in hashes:
             block = self._block_of.get(h)
@@ -98,20 +98,21 @@ class BlockManager:
         full = seq.num_computed // self.block_size
         while len(seq.block_hashes) < full:
             i = len(seq.block_hashes)
-            h = self._chain(seq.block_hashes[-1] if seq.block_hashes else None, seq.token_ids, i)
+            previous = seq.block_hashes[-1] if seq.block_hashes else ("namespace", seq.kv_namespace)
+            h = self._chain(previous, seq.token_ids, i)
             seq.block_hashes.append(h)
             block = seq.block_table[i]
             if h not in self._block_of and block not in self._hash_of:
                 self._block_of[h] = block
                 self._hash_of[block] = h
 
-    def _hashes(self, tokens: list[int]) -> list[int]:
+    def _hashes(self, tokens: list[int], namespace: int | None) -> list[int]:
         hashes: list[int] = []
         for i in range(len(tokens) // self.block_size):
-            hashes.append(self._chain(hashes[-1] if hashes else None, tokens, i))
+            hashes.append(self._chain(hashes[-1] if hashes else ("namespace", namespace), tokens, i))
         return hashes
 
-    def _chain(self, previous: int | None, tokens: list[int], index: int) -> int:
+    def _chain(self, previous, tokens: list[int], index: int) -> int:
         """The name of block `index` of `tokens`: its tokens and, through `previous`, everything before."""
         bs = self.block_size
         return hash((previous, tuple(tokens[index * bs : (index + 1) * bs])))

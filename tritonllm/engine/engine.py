@@ -27,6 +27,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     enable_prefix_caching: bool = True
+    enable_lora: bool = False
 
 
 @dataclass
@@ -44,7 +45,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.blocks = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
-        self.runner = ModelRunner(Path(config.model_dir), self.blocks, config.dtype, config.device)
+        self.runner = ModelRunner(Path(config.model_dir), self.blocks, config.dtype, config.device, config.enable_lora)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
         self.stats = EngineStats()
 
@@ -54,6 +55,8 @@ class LLMEngine:
 
     def add(self, seq: Sequence) -> None:
         self.validate(seq.prompt_ids, 0 if seq.prompt_table is None else len(seq.prompt_table))
+        if seq.adapter is not None and self.runner.lora is None:
+            raise ValueError("lora_task_id: LoRA is not enabled on this model (parameter lora_cache_size)")
         self.scheduler.add(seq)
 
     def validate(self, prompt_ids: list[int], virtual_tokens: int = 0) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from . import lora
 from .block_manager import BlockManager
 from .cpu_kernels import decode_attention
 from .paged_attention import ATTN_IMPLEMENTATION, AttentionGroup, KVCache, PagedBatch
@@ -49,7 +50,14 @@ class ModelShape:
 
 
 class ModelRunner:
-    def __init__(self, model_dir: str | Path, blocks: BlockManager, dtype: str = "float32", device: str = "auto"):
+    def __init__(
+        self,
+        model_dir: str | Path,
+        blocks: BlockManager,
+        dtype: str = "float32",
+        device: str = "auto",
+        enable_lora: bool = False,
+    ):
         from transformers import AutoModelForCausalLM
 
         self.device = resolve_device(device)
@@ -58,6 +66,7 @@ class ModelRunner:
             model_dir, dtype=self.dtype, attn_implementation=ATTN_IMPLEMENTATION
         ).to(self.device)
         self.model.eval()
+        self.lora = lora.install(self.model) if enable_lora else None
         self.shape = ModelShape.of(self.model.config)
         self.native_decode = decode_attention is not None and self.device.type == "cpu" and self.dtype == torch.float32
         self.blocks = blocks
@@ -102,6 +111,7 @@ class ModelRunner:
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             groups=self._groups(chunks),
         )
+        self._assign_adapters(chunks)
         out = self.model(
             **self._inputs(chunks, input_ids),
             position_ids=torch.tensor([positions], device=dev),
@@ -115,6 +125,18 @@ class ModelRunner:
             context[index] = logits[at : at + len(rows)]
             at += len(rows)
         return logits[: len(sample_rows)], context
+
+    def _assign_adapters(self, chunks: list[ScheduledChunk]) -> None:
+        if self.lora is None:
+            return
+        rows: dict[int, tuple] = {}
+        offset = 0
+        for chunk in chunks:
+            adapter = chunk.seq.adapter
+            if adapter is not None:
+                rows.setdefault(id(adapter), (adapter, []))[1].extend(range(offset, offset + chunk.num_fed))
+            offset += chunk.num_fed
+        self.lora.groups = [(a, torch.tensor(r, dtype=torch.long, device=self.device)) for a, r in rows.values()]
 
     def _inputs(self, chunks: list[ScheduledChunk], input_ids: list[int]) -> dict[str, torch.Tensor]:
         """`input_ids`, or `inputs_embeds` where p-tuning ids (>= vocab size) pick rows of a prompt table."""

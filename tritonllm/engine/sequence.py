@@ -10,6 +10,7 @@ from enum import Enum
 
 import torch
 
+from .lora import Adapter
 from .sampling_params import SamplingParams
 
 _next_seq_id = itertools.count()
@@ -55,6 +56,7 @@ class Sequence:
     accepted_drafts: int = 0  # of the last verification
     # P-tuning: prompt ids from the vocabulary size on select rows of this [rows, hidden] table.
     prompt_table: torch.Tensor | None = None
+    adapter: Adapter | None = None  # LoRA
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     arrival_time: float = field(default_factory=time.monotonic)
@@ -96,6 +98,11 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    @property
+    def kv_namespace(self) -> int | None:
+        """Whose weights made its K/V: prefix blocks are shared only within one namespace."""
+        return None if self.adapter is None else self.adapter.task_id
 
     @property
     def ready(self) -> bool:

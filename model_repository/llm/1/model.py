@@ -15,9 +15,10 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
-from tritonllm.engine import inference_request
+from tritonllm.engine import inference_request, lora
 from tritonllm.engine.engine import EngineConfig, LLMEngine
 from tritonllm.engine.engine_thread import EngineThread, Overloaded, Submission
+from tritonllm.engine.lora import AdapterCache
 from tritonllm.engine.sequence import FinishReason, samples_of
 from tritonllm.runtime.model_config import ModelParameters
 from tritonllm.tokenizer.detokenizer import CONTEXT_TOKENS
@@ -38,9 +39,11 @@ class TritonPythonModel:
             max_num_seqs=params.int("max_num_seqs", 64),
             max_num_batched_tokens=params.int("max_num_batched_tokens", 512),
             enable_prefix_caching=params.bool("enable_prefix_caching", True),
+            enable_lora=params.int("lora_cache_size", 8) > 0,
         )
         self.engine = LLMEngine(config)
         self.hidden_size = self.engine.runner.model.config.hidden_size
+        self.adapters = AdapterCache(params.int("lora_cache_size", 8))
         self.metrics = EngineMetrics()
         self.responses = ResponseQueue()
         self.thread = EngineThread(
@@ -72,6 +75,7 @@ class TritonPythonModel:
                     request_id=request.request_id(),
                     priority=parsed.priority,
                     prompt_table=table,
+                    adapter=self._adapter(get),
                 )
                 group = SampleGroup(len(samples))
                 for seq in samples:
@@ -85,6 +89,17 @@ class TritonPythonModel:
             except (ValueError, TypeError, Overloaded) as e:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=FINAL)
         return None
+
+    def _adapter(self, get):
+        task_id = inference_request.scalar(get, "lora_task_id")
+        weights, config = get("lora_weights"), get("lora_config")
+        if task_id is None:
+            if weights is not None or config is not None:
+                raise ValueError("lora_weights and lora_config need a lora_task_id")
+            return None
+        if self.engine.runner.lora is None:
+            raise ValueError("lora_task_id: LoRA is disabled on this model (parameter lora_cache_size is 0)")
+        return lora.resolve(self.adapters, int(task_id), weights, config, self.engine.runner.model)
 
     def finalize(self) -> None:
         self.thread.shutdown()
