@@ -298,7 +298,8 @@ def median_run(trials: list[Result]) -> Result:
     return chosen
 
 
-def write_report(all_results: dict[str, list[Result]], w: Workload) -> None:
+def write_report(all_results: dict[str, list[Result]], w: Workload, name: str) -> Path:
+    """Writes `name`.json / .md / .png under bench/results; returns the markdown file."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     payload = {
         "workload": asdict(w),
@@ -306,7 +307,7 @@ def write_report(all_results: dict[str, list[Result]], w: Workload) -> None:
         "command": " ".join(sys.argv),
         "results": {m: [asdict(r) for r in rs] for m, rs in all_results.items()},
     }
-    (RESULTS / "W1.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
     lines = [
         "# W1: 32 concurrent requests, 64-token prompts, 128 new tokens, EOS ignored, fp32",
         "",
@@ -331,11 +332,12 @@ def write_report(all_results: dict[str, list[Result]], w: Workload) -> None:
             if x in by_case and y in by_case
         ]
         lines += ["", "Ratios of tokens/s: " + ", ".join(ratios), ""]
-    (RESULTS / "W1.md").write_text("\n".join(lines))
-    plot(all_results)
+    (RESULTS / f"{name}.md").write_text("\n".join(lines))
+    plot(all_results, RESULTS / f"{name}.png")
+    return RESULTS / f"{name}.md"
 
 
-def plot(all_results: dict[str, list[Result]]) -> None:
+def plot(all_results: dict[str, list[Result]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -349,7 +351,7 @@ def plot(all_results: dict[str, list[Result]]) -> None:
         for i, r in enumerate(results):
             ax.text(i, r.tokens_per_s, f"{r.tokens_per_s:.0f}", ha="center", va="bottom")
     fig.tight_layout()
-    fig.savefig(RESULTS / "W1.png", dpi=100)
+    fig.savefig(path, dpi=100)
 
 
 def main() -> None:
@@ -362,8 +364,9 @@ def main() -> None:
     w = Workload()
     models = args.model or ["small", "tiny"]
     results = {name: bench_model(name, args.cases, w, args.sample_a, args.repeat) for name in models}
-    write_report(results, w)
-    print((RESULTS / "W1.md").read_text())
+    # Only a full run replaces the recorded results; a partial one goes beside them (not tracked).
+    full = set(models) == {"small", "tiny"} and set(args.cases.split(",")) == set("abcde")
+    print(write_report(results, w, "W1" if full else "partial").read_text())
 
 
 if __name__ == "__main__":
