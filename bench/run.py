@@ -249,16 +249,15 @@ def case_e(model_dir: Path, texts: list[str], w: Workload) -> Result:
 
 
 def machine() -> dict:
-    import transformers
-    import tritonclient
+    from importlib.metadata import version
 
     return {
         "cpu": platform.processor() or platform.machine(),
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "tritonclient": getattr(tritonclient, "__version__", "?"),
+        "transformers": version("transformers"),
+        "tritonclient": version("tritonclient"),
         "tritonserver": "2.51.0 (nvidia-pytriton 0.7.0)",
         "threads": torch.get_num_threads(),
     }
