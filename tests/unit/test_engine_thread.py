@@ -32,10 +32,10 @@ def test_thread_streams_cancels_and_frees_blocks(tiny_model_dir):
     try:
         finished, by_id, by_probe = Collector(), Collector(), Collector()
         probe = threading.Event()
-        thread.submit(Submission(Sequence([5, 6, 7], SamplingParams(max_tokens=8), request_id="a"), finished))
-        thread.submit(Submission(Sequence([5, 6, 7], SamplingParams(max_tokens=1500), request_id="b"), by_id))
+        thread.submit([Submission(Sequence([5, 6, 7], SamplingParams(max_tokens=8), request_id="a"), finished)])
+        thread.submit([Submission(Sequence([5, 6, 7], SamplingParams(max_tokens=1500), request_id="b"), by_id)])
         thread.submit(
-            Submission(Sequence([8, 9], SamplingParams(max_tokens=1500), request_id="c"), by_probe, probe.is_set)
+            [Submission(Sequence([8, 9], SamplingParams(max_tokens=1500), request_id="c"), by_probe, probe.is_set)]
         )
         assert by_id.first.wait(30) and by_probe.first.wait(30)
         thread.cancel("b")
@@ -56,8 +56,22 @@ def test_a_sequence_the_engine_cannot_admit_ends_with_error(tiny_model_dir):
     thread.start()
     try:
         bad = Collector()
-        thread.submit(Submission(Sequence([], SamplingParams(max_tokens=4)), bad))
+        thread.submit([Submission(Sequence([], SamplingParams(max_tokens=4)), bad)])
         assert bad.done.wait(30)
         assert bad.reason is FinishReason.ERROR
+    finally:
+        thread.shutdown()
+
+
+def test_the_thread_survives_a_broken_submission(tiny_model_dir):
+    engine = LLMEngine(EngineConfig(str(tiny_model_dir), num_kv_blocks=16, block_size=8))
+    thread = EngineThread(engine)
+    thread.start()
+    try:
+        thread.submit([object()])  # not a Submission: handling it raises inside the engine thread
+        good = Collector()
+        thread.submit([Submission(Sequence([5, 6], SamplingParams(max_tokens=3)), good)])
+        assert good.done.wait(30)
+        assert good.reason is FinishReason.LENGTH and len(good.tokens) == 3
     finally:
         thread.shutdown()

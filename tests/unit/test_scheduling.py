@@ -96,12 +96,19 @@ def test_an_expired_request_ends_with_timeout_and_frees_its_blocks(tiny_model_di
     assert engine.blocks.num_free == engine.blocks.num_blocks
 
 
-def test_a_full_queue_rejects_at_once(tiny_model_dir):
-    thread = EngineThread(make_engine(tiny_model_dir), max_queue_size=2)  # not started: nothing is taken in
-    for _ in range(2):
-        thread.submit(Submission(Sequence([1], SamplingParams()), lambda out: None))
-    with pytest.raises(Overloaded, match="max_queue_size=2"):
-        thread.submit(Submission(Sequence([1], SamplingParams()), lambda out: None))
+def test_a_full_queue_rejects_at_once_and_a_request_all_or_nothing(tiny_model_dir):
+    thread = EngineThread(make_engine(tiny_model_dir), max_queue_size=3)  # not started: nothing is taken in
+
+    def request(samples: int) -> list[Submission]:
+        return [Submission(Sequence([1], SamplingParams()), lambda out: None) for _ in range(samples)]
+
+    thread.submit(request(2))
+    with pytest.raises(Overloaded, match="max_queue_size=3"):
+        thread.submit(request(2))  # would overflow: none of its samples goes in
+    assert thread.num_queued() == 2
+    thread.submit(request(1))
+    with pytest.raises(Overloaded):
+        thread.submit(request(1))
 
 
 def test_samples_share_the_prompt_blocks_and_draw_from_their_own_seeds(tiny_model_dir):

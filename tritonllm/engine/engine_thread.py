@@ -50,14 +50,15 @@ class EngineThread:
         """Requests not yet running: handed over but not taken in, or waiting for admission (any thread)."""
         return self._inbox.qsize() + len(self.engine.scheduler.waiting)
 
-    def submit(self, submission: Submission) -> None:
-        """Hands a sequence to the engine; raises Overloaded at once when the queue is full."""
+    def submit(self, submissions: list[Submission]) -> None:
+        """Hands one request's sequences to the engine, all or none: Overloaded at once when the queue is full."""
         queued = self.num_queued()
-        if self.max_queue_size and queued >= self.max_queue_size:
+        if self.max_queue_size and queued + len(submissions) > self.max_queue_size:
             raise Overloaded(
                 f"overloaded: {queued} requests queued (max_queue_size={self.max_queue_size}); retry later"
             )
-        self._inbox.put(("add", submission))
+        for submission in submissions:
+            self._inbox.put(("add", submission))
 
     def cancel(self, request_id: str) -> None:
         """Cancels every live sequence submitted under `request_id`."""
@@ -70,14 +71,22 @@ class EngineThread:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
-            # Block only when idle; between steps just drain what has arrived.
-            self._drain(block=not self.engine.has_work())
-            self._probe_cancellations()
-            if self.engine.has_work():
-                self._step()
-            if self.on_step is not None:
-                self.on_step(self.engine)
+            try:
+                self._iterate()
+            except Exception:
+                # Whatever broke, the thread must live on: a dead engine thread hangs every request for good.
+                log.exception("engine loop failed; ending every live sequence")
+                self._fail_all(FinishReason.ERROR)
         self._fail_all(FinishReason.CANCELLED)
+
+    def _iterate(self) -> None:
+        # Block only when idle; between steps just drain what has arrived.
+        self._drain(block=not self.engine.has_work())
+        self._probe_cancellations()
+        if self.engine.has_work():
+            self._step()
+        if self.on_step is not None:
+            self.on_step(self.engine)
 
     def _step(self) -> None:
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 
 import numpy as np
 import torch
@@ -76,16 +77,22 @@ class TritonPythonModel:
                     priority=parsed.priority,
                     prompt_table=table,
                     adapter=self._adapter(get),
+                    draft_tokens=parsed.draft_tokens,
+                    draft_logits=parsed.draft_logits,
+                    deadline=None if parsed.timeout_s is None else time.monotonic() + parsed.timeout_s,
                 )
                 group = SampleGroup(len(samples))
-                for seq in samples:
-                    seq.draft_tokens, seq.draft_logits = list(parsed.draft_tokens), parsed.draft_logits
-                    if parsed.timeout_s is not None:
-                        seq.deadline = seq.arrival_time + parsed.timeout_s
-                    responder = Responder(
-                        sender, parsed.streaming, self.metrics, self.responses, group, bool(parsed.draft_tokens)
-                    )
-                    self.thread.submit(Submission(seq, responder, sender.is_cancelled))
+                drafted = bool(parsed.draft_tokens)
+                self.thread.submit(
+                    [
+                        Submission(
+                            seq,
+                            Responder(sender, parsed.streaming, self.metrics, self.responses, group, drafted),
+                            sender.is_cancelled,
+                        )
+                        for seq in samples
+                    ]
+                )
             except (ValueError, TypeError, Overloaded) as e:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=FINAL)
         return None
