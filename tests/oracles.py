@@ -46,3 +46,18 @@ def merged(model, deltas: dict):
     for (layer, name), delta in deltas.items():
         copy_.model.layers[layer].get_submodule(name).weight.data += delta
     return copy_
+
+
+def prompt_tuned_greedy(hf_model, table: torch.Tensor, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """generate() on the embeddings p-tuning means: the table's rows for the leading virtual ids, then the rest."""
+    virtual = len(table)
+    with torch.no_grad():
+        real = hf_model.get_input_embeddings()(torch.tensor(prompt[virtual:]))
+        return hf_model.generate(
+            inputs_embeds=torch.cat([table.float(), real])[None],
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[0].tolist()

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from oracles import greedy_ids, greedy_text, merged, random_adapter
+from oracles import greedy_ids, greedy_text, merged, prompt_tuned_greedy, random_adapter
 from triton_helpers import Stream, metric, tensor, wait_for
 from tritonclient.utils import InferenceServerException
 
@@ -414,16 +414,7 @@ def test_prompt_embedding_table_through_triton_equals_generate(stream, hf_model)
     hidden = hf_model.config.hidden_size
     table = torch.randn(3, hidden, generator=torch.Generator().manual_seed(9)).half()
     prompt = [4096, 4097, 4098, 300, 301]
-    with torch.no_grad():
-        embeds = torch.cat([table.float(), hf_model.get_input_embeddings()(torch.tensor(prompt[3:]))])[None]
-        expected = hf_model.generate(
-            inputs_embeds=embeds,
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=8,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )[0].tolist()
+    expected = prompt_tuned_greedy(hf_model, table, prompt, 8)
     s = stream()
     s.send(
         "llm",

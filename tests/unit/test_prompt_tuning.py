@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from oracles import prompt_tuned_greedy
 
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import Sequence
@@ -15,17 +16,7 @@ VOCAB = 4096
 def test_virtual_tokens_equal_generate_with_the_same_embeddings(tiny_model_dir, hf_model):
     table = torch.randn(4, hf_model.config.hidden_size, generator=torch.Generator().manual_seed(5))
     prompt = [VOCAB, VOCAB + 1, VOCAB + 2, VOCAB + 3, 17, 250, 33]
-    embed = hf_model.get_input_embeddings()
-    with torch.no_grad():
-        embeds = torch.cat([table, embed(torch.tensor(prompt[4:]))])[None]
-        expected = hf_model.generate(
-            inputs_embeds=embeds,
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=12,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )[0].tolist()
+    expected = prompt_tuned_greedy(hf_model, table, prompt, 12)
     seqs = [Sequence(prompt, SamplingParams(max_tokens=12), prompt_table=table)]
     plain = Sequence(prompt[4:] + [5], SamplingParams(max_tokens=12))  # shares the batch, no table
     engine = make_engine(tiny_model_dir, max_num_batched_tokens=5)  # the virtual tokens span chunks
