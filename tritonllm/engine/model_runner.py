@@ -10,7 +10,7 @@ import torch
 from . import lora
 from .block_manager import BlockManager
 from .cpu_kernels import decode_attention
-from .paged_attention import ATTN_IMPLEMENTATION, AttentionGroup, KVCache, PagedBatch
+from .paged_attention import ATTN_IMPLEMENTATION, AttentionGroup, KVCache, PaddedQueries, PagedBatch
 from .scheduler import ScheduledChunk
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -169,37 +169,39 @@ class ModelRunner:
         return groups
 
     def _group(self, members: list[tuple[ScheduledChunk, int]]) -> AttentionGroup:
-        bs = self.blocks.block_size
+        dev = self.device
+        lens = [c.seq.num_computed + c.num_fed for c, _ in members]
+        used = [self.blocks.blocks_needed(n) for n in lens]
+        max_blocks = max(used)
+        tables = [c.seq.block_table[:u] + [0] * (max_blocks - u) for (c, _), u in zip(members, used, strict=True)]
         max_q = max(c.num_fed for c, _ in members)
-        max_blocks = max(self.blocks.blocks_needed(c.seq.num_computed + c.num_fed) for c, _ in members)
-        b = len(members)
+        return AttentionGroup(
+            block_index=torch.tensor(tables, dtype=torch.long, device=dev).flatten(),
+            context_lens=torch.tensor(lens, device=dev),
+            out_index=torch.tensor([o + j for c, o in members for j in range(c.num_fed)], dtype=torch.long, device=dev),
+            padded=None if max_q == 1 and self.native_decode else self._padded(members, max_q, max_blocks),
+        )
+
+    def _padded(self, members: list[tuple[ScheduledChunk, int]], max_q: int, max_blocks: int) -> PaddedQueries:
+        bs, b = self.blocks.block_size, len(members)
         query_index = torch.zeros(b, max_q, dtype=torch.long)
-        block_index = torch.zeros(b, max_blocks, dtype=torch.long)
         mask = torch.zeros(b, 1, max_q, max_blocks * bs, dtype=torch.bool)
         valid = torch.zeros(b, max_q, dtype=torch.bool)
-        out_index = []
         for i, (chunk, offset) in enumerate(members):
             start, n = chunk.seq.num_computed, chunk.num_fed
             ctx = start + n
             query_index[i, :n] = torch.arange(offset, offset + n)
             query_index[i, n:] = offset + n - 1
-            used = self.blocks.blocks_needed(ctx)
-            block_index[i, :used] = torch.tensor(chunk.seq.block_table[:used], dtype=torch.long)
             # Query j sits at position start + j and sees keys 0..start + j.
             mask[i, 0, :n, :ctx] = torch.arange(ctx)[None, :] <= (start + torch.arange(n))[:, None]
             mask[i, 0, n:, 0] = True  # padded rows attend somewhere, so they stay finite
             valid[i, :n] = True
-            out_index.extend(range(offset, offset + n))
         dev = self.device
-        native = max_q == 1 and self.native_decode
         buffer_shape = (b * max_blocks, bs, self.shape.num_kv_heads, self.shape.head_dim)
-        return AttentionGroup(
+        return PaddedQueries(
             query_index=query_index.to(dev),
-            block_index=block_index.flatten().to(dev),
             mask=mask.to(dev),
             valid=valid.flatten().to(dev),
-            out_index=torch.tensor(out_index, dtype=torch.long, device=dev),
-            context_lens=torch.tensor([c.seq.num_computed + c.num_fed for c, _ in members], device=dev),
-            key_buffer=None if native else torch.empty(buffer_shape, dtype=self.dtype, device=dev),
-            value_buffer=None if native else torch.empty(buffer_shape, dtype=self.dtype, device=dev),
+            key_buffer=torch.empty(buffer_shape, dtype=self.dtype, device=dev),
+            value_buffer=torch.empty(buffer_shape, dtype=self.dtype, device=dev),
         )

@@ -25,20 +25,23 @@ ATTN_IMPLEMENTATION = "tritonllm_paged"
 
 
 @dataclass
-class AttentionGroup:
+class PaddedQueries:
+    """What SDPA over gathered blocks needs beyond the block tables (groups that the native kernel does not run)."""
+
     query_index: torch.Tensor  # [B, max_q] positions in the packed batch (padding repeats a valid one)
-    block_index: torch.Tensor  # [B * max_blocks] each sequence's blocks, padded with block 0
     mask: torch.Tensor  # [B, 1, max_q, max_blocks * block_size] True where a query may attend
     valid: torch.Tensor  # [B * max_q] which padded query rows are real
-    out_index: torch.Tensor  # [num_real_queries] packed positions of the real rows, in order
-    context_lens: torch.Tensor  # [B] tokens each sequence attends to
-    # [B * max_blocks, block_size, kv_heads, head_dim] scratch shared by the layers; None for native decode
-    key_buffer: torch.Tensor | None
-    value_buffer: torch.Tensor | None
+    # [B * max_blocks, block_size, kv_heads, head_dim] scratch shared by the layers
+    key_buffer: torch.Tensor
+    value_buffer: torch.Tensor
 
-    @property
-    def native_decode(self) -> bool:
-        return self.key_buffer is None
+
+@dataclass
+class AttentionGroup:
+    block_index: torch.Tensor  # [B * max_blocks] each sequence's blocks, padded with block 0
+    context_lens: torch.Tensor  # [B] tokens each sequence attends to
+    out_index: torch.Tensor  # [num_real_queries] packed positions of the real rows, in order
+    padded: PaddedQueries | None  # None: one query per sequence, run by the native decode kernel
 
 
 @dataclass
@@ -90,7 +93,7 @@ def paged_attention(
     out = torch.empty_like(q)
     num_heads, head_dim = q.shape[1], q.shape[2]
     for g in paged_batch.groups:
-        if g.native_decode:
+        if g.padded is None:
             decoded = decode_attention(
                 q[g.out_index].contiguous(),
                 k_cache,
@@ -101,15 +104,16 @@ def paged_attention(
             )
             out[g.out_index] = decoded
             continue
-        batch, context = g.mask.shape[0], g.mask.shape[-1]
-        qg = q[g.query_index].transpose(1, 2)  # [B, Hq, max_q, D]
-        torch.index_select(k_cache, 0, g.block_index, out=g.key_buffer)
-        torch.index_select(v_cache, 0, g.block_index, out=g.value_buffer)
-        kg = g.key_buffer.view(batch, context, *k_cache.shape[2:]).transpose(1, 2)  # [B, Hkv, ctx, D]
-        vg = g.value_buffer.view(batch, context, *v_cache.shape[2:]).transpose(1, 2)
-        og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=scaling, enable_gqa=True)
+        p = g.padded
+        batch, context = p.mask.shape[0], p.mask.shape[-1]
+        qg = q[p.query_index].transpose(1, 2)  # [B, Hq, max_q, D]
+        torch.index_select(k_cache, 0, g.block_index, out=p.key_buffer)
+        torch.index_select(v_cache, 0, g.block_index, out=p.value_buffer)
+        kg = p.key_buffer.view(batch, context, *k_cache.shape[2:]).transpose(1, 2)  # [B, Hkv, ctx, D]
+        vg = p.value_buffer.view(batch, context, *v_cache.shape[2:]).transpose(1, 2)
+        og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=p.mask, scale=scaling, enable_gqa=True)
         rows = og.transpose(1, 2).reshape(-1, num_heads, head_dim)
-        out[g.out_index] = rows[g.valid]
+        out[g.out_index] = rows[p.valid]
     return out.unsqueeze(0), None
 
 
