@@ -98,7 +98,7 @@ class BlockManager:
         full = seq.num_computed // self.block_size
         while len(seq.block_hashes) < full:
             i = len(seq.block_hashes)
-            previous = seq.block_hashes[-1] if seq.block_hashes else ("namespace", seq.kv_namespace)
+            previous = seq.block_hashes[-1] if seq.block_hashes else _root(seq.kv_namespace)
             h = self._chain(previous, seq.token_ids, i)
             seq.block_hashes.append(h)
             block = seq.block_table[i]
@@ -109,7 +109,7 @@ class BlockManager:
     def _hashes(self, tokens: list[int], namespace: int | None) -> list[int]:
         hashes: list[int] = []
         for i in range(len(tokens) // self.block_size):
-            hashes.append(self._chain(hashes[-1] if hashes else ("namespace", namespace), tokens, i))
+            hashes.append(self._chain(hashes[-1] if hashes else _root(namespace), tokens, i))
         return hashes
 
     def _chain(self, previous, tokens: list[int], index: int) -> int:
@@ -121,3 +121,8 @@ class BlockManager:
         h = self._hash_of.pop(block, None)
         if h is not None:
             del self._block_of[h]
+
+
+def _root(namespace: int | None) -> tuple:
+    """Where a sequence's hash chain starts: blocks are shared only between sequences of one namespace."""
+    return ("namespace", namespace)
