@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         params = ModelParameters(args)
+        lora_cache_size = params.int("lora_cache_size", 8)
         config = EngineConfig(
             model_dir=str(params.model_dir()),
             dtype=params.get("dtype", "float32"),
@@ -40,11 +41,11 @@ class TritonPythonModel:
             max_num_seqs=params.int("max_num_seqs", 64),
             max_num_batched_tokens=params.int("max_num_batched_tokens", 512),
             enable_prefix_caching=params.bool("enable_prefix_caching", True),
-            enable_lora=params.int("lora_cache_size", 8) > 0,
+            enable_lora=lora_cache_size > 0,
         )
         self.engine = LLMEngine(config)
         self.hidden_size = self.engine.runner.model.config.hidden_size
-        self.adapters = AdapterCache(params.int("lora_cache_size", 8))
+        self.adapters = AdapterCache(lora_cache_size)
         self.metrics = EngineMetrics()
         self.responses = ResponseQueue()
         self.thread = EngineThread(
