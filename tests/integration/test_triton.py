@@ -448,3 +448,55 @@ def test_lora_through_triton_equals_the_merged_weights(stream, hf_model):
     s.send("llm", [*llm_inputs(prompt, 8, streaming=False), tensor("lora_task_id", [[78]], "UINT64")])
     with pytest.raises(InferenceServerException, match="lora_task_id 78 is not cached"):
         s.next()
+
+
+def hf_beam_search(hf_model, prompt: list[int], width: int, max_new_tokens: int, end_id: int, length_penalty: float):
+    out = hf_model.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=max_new_tokens,
+        num_beams=width,
+        num_return_sequences=width,
+        length_penalty=length_penalty,
+        early_stopping=True,
+        do_sample=False,
+        eos_token_id=end_id,
+        pad_token_id=end_id,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    beams = [row[len(prompt) :].tolist() for row in out.sequences]
+    return [b[: b.index(end_id) + 1] if end_id in b else b for b in beams], out.sequences_scores.tolist()
+
+
+def test_llm_beam_search_equals_generate(stream, hf_model):
+    prompt = [11, 250, 3000, 42, 7, 19]
+    end_id = greedy_ids(hf_model, prompt, 4)[2]
+    beams, scores = hf_beam_search(hf_model, prompt, 3, 10, end_id, 0.8)
+    s = stream()
+    inputs = [
+        *llm_inputs(prompt, 10),
+        tensor("beam_width", [[3]], "INT32"),
+        tensor("len_penalty", [[0.8]], "FP32"),
+        tensor("end_id", [[end_id]], "INT32"),
+        tensor("return_log_probs", [[True]], "BOOL"),
+    ]
+    s.send("llm", inputs, request_id="beams")
+    (final,) = s.until_final()  # streaming or not, the beams come whole in one response
+    lengths = final.as_numpy("sequence_length")[0].tolist()
+    ids = final.as_numpy("output_ids")[0]
+    assert ids.shape == (3, max(lengths))
+    assert [row[:n].tolist() for row, n in zip(ids, lengths, strict=True)] == beams
+    cum = final.as_numpy("cum_log_probs")[0]
+    assert [c / n**0.8 for c, n in zip(cum, lengths, strict=True)] == pytest.approx(scores, abs=1e-4)
+    assert final.as_numpy("output_log_probs").shape == (1, 3, max(lengths))
+
+
+def test_ensemble_beam_search_returns_each_beam_as_text(stream, tokenizer, hf_model):
+    prompt = "The quick brown fox"
+    ids = tokenizer.encode(prompt)
+    beams, _ = hf_beam_search(hf_model, ids, 2, 8, tokenizer.eos_token_id, 1.0)
+    s = stream()
+    s.send("ensemble", [*ensemble_inputs(prompt, 8), tensor("beam_width", [[2]], "INT32")])
+    (final,) = s.until_final()
+    texts = [t.decode() for t in final.as_numpy("text_output").reshape(-1)]
+    assert texts == [tokenizer.decode(b, skip_special_tokens=True) for b in beams]

@@ -79,6 +79,14 @@ def test_all_processing_tensors_arrive():
         ({"stop_words_list": np.array([[1, VOCAB], [2, -1]])}, "stop_words_list"),
         ({"stop_words_list": np.array([[1, 2, 3], [1, -1, 3]])}, "stop_words_list"),
         ({"streaming": np.array([[True, False]])}, "streaming"),
+        ({"beam_width": 0}, "beam_width"),
+        ({"beam_width": 17}, "beam_width"),
+        ({"beam_width": 2, "temperature": 0.7}, "beam_width"),
+        ({"beam_width": 2, "num_return_sequences": 3}, "num_return_sequences"),
+        ({"beam_width": 2, "draft_input_ids": np.array([[5]])}, "draft_input_ids"),
+        ({"beam_width": 2, "return_generation_logits": True}, "return_generation_logits"),
+        ({"len_penalty": np.array([[np.nan]], dtype=np.float32)}, "len_penalty"),
+        ({"early_stopping": 2}, "early_stopping"),
     ],
 )
 def test_bad_values_name_their_tensor(tensors, name):
@@ -116,3 +124,12 @@ def test_prompt_table_tensors_are_checked():
         parse(request(prompt_embedding_table=table, prompt_vocab_size=4), VOCAB, hidden_size=128)
     with pytest.raises(ValueError, match="prompt_vocab_size"):
         parse(request(prompt_vocab_size=4), VOCAB, hidden_size=128)
+
+
+def test_beam_search_tensors_arrive():
+    parsed = parse(request(beam_width=4, len_penalty=0.5, early_stopping=-1, end_id=7), VOCAB)
+    p = parsed.params
+    assert (p.beam_width, p.length_penalty, p.early_stopping, p.pad_id) == (4, 0.5, "never", 7)
+    assert parsed.num_samples == 4  # every beam comes back unless num_return_sequences asks for fewer
+    assert parse(request(beam_width=4, num_return_sequences=2), VOCAB).num_samples == 2
+    assert parse(request(beam_width=4), VOCAB).params.early_stopping is True

@@ -24,6 +24,8 @@ class BlockManager:
         self._block_of: dict[int, int] = {}
         self.prefix_hit_tokens = 0
         self.prefix_queried_tokens = 0
+        # (source, destination) block pairs that the model runner copies before the next forward pass
+        self.pending_copies: list[tuple[int, int]] = []
 
     @property
     def num_free(self) -> int:
@@ -38,17 +40,39 @@ class BlockManager:
 
     def can_hold(self, seq: Sequence, num_tokens: int) -> bool:
         """Whether `seq` can grow to `num_tokens` cached tokens with the free blocks left."""
-        return self.blocks_needed(num_tokens) - len(seq.block_table) <= len(self._free)
+        missing = self.blocks_needed(num_tokens) - len(seq.block_table) + self._shares_next_block(seq)
+        return missing <= len(self._free)
 
     def grow(self, seq: Sequence, num_tokens: int) -> None:
+        """Gives `seq` room for `num_tokens`, and a copy of the block it writes next if that one is shared."""
         missing = self.blocks_needed(num_tokens) - len(seq.block_table)
-        if missing > len(self._free):
+        if missing + self._shares_next_block(seq) > len(self._free):
             raise RuntimeError(f"KV pool exhausted: need {missing} blocks, {len(self._free)} free")
+        if self._shares_next_block(seq):
+            index = seq.num_computed // self.block_size
+            shared = seq.block_table[index]
+            self._refs[shared] -= 1
+            seq.block_table[index] = self._take()
+            self.pending_copies.append((shared, seq.block_table[index]))
         for _ in range(missing):
-            block, _ = self._free.popitem(last=False)
-            self._forget(block)
-            self._refs[block] = 1
-            seq.block_table.append(block)
+            seq.block_table.append(self._take())
+
+    def share(self, seq: Sequence) -> list[int]:
+        """A copy of `seq`'s block table whose blocks now have one more user (a beam forked from `seq`)."""
+        for block in seq.block_table:
+            self._refs[block] += 1
+        return list(seq.block_table)
+
+    def _take(self) -> int:
+        block, _ = self._free.popitem(last=False)
+        self._forget(block)
+        self._refs[block] = 1
+        return block
+
+    def _shares_next_block(self, seq: Sequence) -> bool:
+        """Whether the partly filled block that `seq` writes next has other users, so it must be copied first."""
+        index, offset = divmod(seq.num_computed, self.block_size)
+        return offset > 0 and index < len(seq.block_table) and self._refs[seq.block_table[index]] > 1
 
     def free(self, seq: Sequence) -> None:
         for block in reversed(seq.block_table):  # the prefix's first blocks are evicted last

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import torch
 
+from .beam_search import BeamSearch
 from .block_manager import BlockManager
-from .logits_processors import ends_with_stop_word
+from .logits_processors import ends_with_any, ends_with_stop_word
 from .model_runner import ModelRunner
 from .sampler import Sampled, sample_one
 from .scheduler import ScheduledChunk, Scheduler
@@ -57,6 +58,10 @@ class LLMEngine:
         self.validate(seq.prompt_ids, 0 if seq.prompt_table is None else len(seq.prompt_table))
         if seq.adapter is not None and self.runner.lora is None:
             raise ValueError("lora_task_id: LoRA is not enabled on this model (parameter lora_cache_size)")
+        p = seq.params
+        if p.beam_width > 1:
+            max_tokens = min(p.max_tokens, self.max_model_len - seq.num_prompt_tokens)
+            seq.beam = BeamSearch(seq, p.beam_width, p.length_penalty, p.early_stopping, max_tokens)
         self.scheduler.add(seq)
 
     def validate(self, prompt_ids: list[int], virtual_tokens: int = 0) -> None:
@@ -75,9 +80,10 @@ class LLMEngine:
         if bad:
             raise ValueError(f"input_ids holds token ids outside [0, {limit}): {bad[:5]}")
 
-    def abort(self, seq: Sequence) -> None:
-        if not seq.is_finished:
-            self.scheduler.finish(seq, FinishReason.CANCELLED)
+    def abort(self, seq: Sequence, reason: FinishReason = FinishReason.CANCELLED) -> None:
+        for s in seq.beam.live if seq.beam is not None else [seq]:
+            if not s.is_finished:
+                self.scheduler.finish(s, reason)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -88,7 +94,7 @@ class LLMEngine:
 
     def step(self) -> list[StepOutput]:
         chunks, ended = self.scheduler.schedule()
-        outputs = [StepOutput(seq, [], self.last_batch_size) for seq in ended]
+        outputs = [StepOutput(seq, [], self.last_batch_size) for seq in self._end_searches(ended)]
         if not chunks:
             return outputs
         self._count_step(chunks)
@@ -101,10 +107,62 @@ class LLMEngine:
             self.blocks.register_full_blocks(chunk.seq)
         argmax = logits.argmax(-1).tolist()
         now, row = time.monotonic(), 0
+        searches = []
         for chunk in sampling:
-            outputs.append(StepOutput(chunk.seq, self._sample(chunk, logits, argmax, row, now), len(chunks)))
+            search = chunk.seq.beam
+            if search is None:
+                outputs.append(StepOutput(chunk.seq, self._sample(chunk, logits, argmax, row, now), len(chunks)))
+            elif search.offer(chunk.seq, logits[row]):
+                searches.append(search)
             row += 1 + len(chunk.drafts)
+        for search in searches:
+            if self._advance(search, now):
+                outputs.append(StepOutput(search.lead, [], len(chunks)))
         return outputs
+
+    def _advance(self, search: BeamSearch, now: float) -> bool:
+        """One beam search step. The next live beams take over their parents' tokens and KV blocks (shared,
+        copied on write); the request's own sequence stays one of them. True when the search is done."""
+        chosen = search.step()
+        if search.done:
+            best = search.results()[0]
+            reason = FinishReason.END_ID if best.output_ids[-1] == search.lead.params.end_id else FinishReason.LENGTH
+            if search.lead.params.stop_words and ends_with_any(best.output_ids, search.lead.params.stop_words):
+                reason = FinishReason.STOP_WORDS
+            self.abort(search.lead, reason)
+            return True
+        states = [
+            (
+                c.parent.token_ids + [c.token],
+                self.blocks.share(c.parent),
+                c.parent.num_computed,
+                list(c.parent.block_hashes),
+            )
+            for c in chosen
+        ]
+        beams = [search.lead, *(s for s in search.live if s is not search.lead)]
+        beams += [search.lead.fork() for _ in range(len(chosen) - len(beams))]
+        for seq in search.live:
+            self.blocks.free(seq)
+        for seq in beams[len(chosen) :]:
+            self.scheduler.finish(seq, FinishReason.LENGTH)
+        for seq, (tokens, table, num_computed, hashes) in zip(beams, states, strict=False):
+            seq.token_ids, seq.block_table, seq.num_computed, seq.block_hashes = tokens, table, num_computed, hashes
+            self.scheduler.place(seq, running=bool(table))
+        search.continue_with(beams[: len(chosen)], chosen)
+        self._observe_latency(search.lead, now)
+        return False
+
+    def _end_searches(self, ended: list[Sequence]) -> list[Sequence]:
+        """A beam that had to end (deadline, no room) ends its whole search, reported once for the request."""
+        reported = []
+        for seq in ended:
+            if seq.beam is not None:
+                self.abort(seq.beam.lead, seq.finish_reason)
+                seq = seq.beam.lead
+            if seq not in reported:
+                reported.append(seq)
+        return reported
 
     def _sample(self, chunk: ScheduledChunk, logits: torch.Tensor, argmax: list[int], row: int, now: float):
         """Samples the chunk's next token, or verifies its drafts: every accepted draft plus one more token."""

@@ -19,6 +19,9 @@ from .sequence import DEFAULT_PRIORITY, HIGHEST_PRIORITY, LOWEST_PRIORITY
 UINT64_MAX = (1 << 64) - 1
 MAX_TOP_LOG_PROBS = 20
 MAX_SAMPLES = 64
+MAX_BEAM_WIDTH = 16
+# early_stopping tensor values -> transformers' setting (see beam_search.py)
+EARLY_STOPPING = {1: True, 0: False, -1: "never"}
 
 TensorLookup = Callable[[str], "np.ndarray | None"]
 
@@ -30,7 +33,7 @@ class ParsedRequest:
     streaming: bool
     priority: int
     timeout_s: float | None  # from the request's start
-    num_samples: int
+    num_samples: int  # results returned: samples, or with beam_width > 1 the best beams
     draft_tokens: list[int]
     draft_logits: torch.Tensor | None
     prompt_table: torch.Tensor | None  # [prompt_vocab_size, hidden] for ids from the vocabulary size on
@@ -58,12 +61,17 @@ def parse(get: TensorLookup, vocab_size: int, triton_timeout_us: int = 0, hidden
     if timeout_ms is not None:
         _check("timeout_ms", timeout_ms, timeout_ms > 0, "> 0")
     timeout_s = timeout_ms / 1e3 if timeout_ms is not None else (triton_timeout_us / 1e6 if triton_timeout_us else None)
-    samples = int(scalar(get, "num_return_sequences", 1))
-    _check("num_return_sequences", samples, 1 <= samples <= MAX_SAMPLES, f"in [1, {MAX_SAMPLES}]")
+    samples = scalar(get, "num_return_sequences")
     drafts, draft_logits = _drafts(get, vocab_size)
+    params = _params(get, vocab_size)
+    if params.beam_width > 1:
+        samples = params.beam_width if samples is None else int(samples)
+        _check_beam_search(params, samples, drafts)
+    samples = int(samples or 1)
+    _check("num_return_sequences", samples, 1 <= samples <= MAX_SAMPLES, f"in [1, {MAX_SAMPLES}]")
     return ParsedRequest(
         _prompt(get),
-        _params(get, vocab_size),
+        params,
         bool(scalar(get, "streaming", False)),
         priority,
         timeout_s,
@@ -72,6 +80,18 @@ def parse(get: TensorLookup, vocab_size: int, triton_timeout_us: int = 0, hidden
         draft_logits,
         _prompt_table(get, hidden_size),
     )
+
+
+def _check_beam_search(params: SamplingParams, samples: int, drafts: list[int]) -> None:
+    width = params.beam_width
+    if not params.greedy:
+        raise ValueError(f"beam_width={width} decodes deterministically: temperature must be 0 or unset")
+    if not 1 <= samples <= width:
+        raise ValueError(f"num_return_sequences must be in [1, beam_width={width}] (the best beams), got {samples}")
+    if drafts:
+        raise ValueError(f"draft_input_ids cannot be verified with beam_width={width}")
+    if params.return_generation_logits or params.top_log_probs:
+        raise ValueError(f"return_generation_logits and num_top_log_probs need beam_width=1, got {width}")
 
 
 def _prompt_table(get: TensorLookup, hidden_size: int) -> torch.Tensor | None:
@@ -158,6 +178,13 @@ def _params(get: TensorLookup, vocab_size: int) -> SamplingParams:
     top_log_probs = int(scalar(get, "num_top_log_probs", 0))
     _check("num_top_log_probs", top_log_probs, 0 <= top_log_probs <= MAX_TOP_LOG_PROBS, f"in [0, {MAX_TOP_LOG_PROBS}]")
 
+    beam_width = int(scalar(get, "beam_width", 1))
+    _check("beam_width", beam_width, 1 <= beam_width <= MAX_BEAM_WIDTH, f"in [1, {MAX_BEAM_WIDTH}]")
+    length_penalty = float(scalar(get, "len_penalty", 1.0))
+    _check("len_penalty", length_penalty, np.isfinite(length_penalty), "finite")
+    early_stopping = int(scalar(get, "early_stopping", 1))
+    _check("early_stopping", early_stopping, early_stopping in EARLY_STOPPING, "1 (true), 0 (false) or -1 (never)")
+
     sampled = temperature is not None or top_k is not None or top_p is not None
     return SamplingParams(
         max_tokens=int(max_tokens),
@@ -167,6 +194,7 @@ def _params(get: TensorLookup, vocab_size: int) -> SamplingParams:
         top_p=float(1.0 if top_p is None else top_p),
         seed=None if seed is None else int(seed),
         end_id=int(end_id),
+        pad_id=int(pad_id if pad_id is not None else max(end_id, 0)),
         embedding_bias=_embedding_bias(get, vocab_size),
         repetition_penalty=repetition_penalty,
         presence_penalty=presence_penalty,
@@ -175,6 +203,9 @@ def _params(get: TensorLookup, vocab_size: int) -> SamplingParams:
         bad_words=_word_list(get, "bad_words_list", vocab_size),
         min_tokens=min_length,
         stop_words=_word_list(get, "stop_words_list", vocab_size),
+        beam_width=beam_width,
+        length_penalty=length_penalty,
+        early_stopping=EARLY_STOPPING[early_stopping],
         return_log_probs=bool(scalar(get, "return_log_probs", False)),
         top_log_probs=top_log_probs,
         return_context_logits=bool(scalar(get, "return_context_logits", False)),

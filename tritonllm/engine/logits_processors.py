@@ -59,5 +59,8 @@ def _ends_with(tokens: list[int], suffix: list[int]) -> bool:
 
 
 def ends_with_stop_word(seq: Sequence) -> bool:
-    output = seq.output_ids
-    return any(_ends_with(output, word) for word in seq.params.stop_words)
+    return ends_with_any(seq.output_ids, seq.params.stop_words)
+
+
+def ends_with_any(tokens: list[int], words: list[list[int]]) -> bool:
+    return any(_ends_with(tokens, word) for word in words)

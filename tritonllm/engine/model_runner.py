@@ -88,6 +88,9 @@ class ModelRunner:
         carries; and, for sequences that asked for context logits, the logits of this chunk's prompt positions
         not recorded yet, by chunk index.
         """
+        if self.blocks.pending_copies:
+            self.cache.copy_blocks(self.blocks.pending_copies)
+            self.blocks.pending_copies = []
         input_ids, positions, slots, sample_rows = [], [], [], []
         context_rows: dict[int, list[int]] = {}
         for index, chunk in enumerate(chunks):

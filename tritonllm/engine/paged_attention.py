@@ -59,6 +59,13 @@ class KVCache:
             [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
         )
 
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copies whole blocks, source to destination, in every layer."""
+        source = torch.tensor([s for s, _ in pairs], device=self.key[0].device)
+        destination = torch.tensor([d for _, d in pairs], device=self.key[0].device)
+        for layer in (*self.key, *self.value):
+            layer[destination] = layer[source]
+
 
 @dataclass
 class PagedBatch:

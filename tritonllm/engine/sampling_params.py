@@ -17,6 +17,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     end_id: int = NO_END_ID
+    pad_id: int = 0  # fills the shorter beams of a response
     # Logits processing, in transformers' order (see logits_processors.py).
     embedding_bias: torch.Tensor | None = None  # [vocab], added to the logits
     repetition_penalty: float = 1.0  # over prompt and output, as transformers
@@ -26,6 +27,10 @@ class SamplingParams:
     bad_words: list[list[int]] = field(default_factory=list)
     min_tokens: int = 0  # end_id is banned until this many tokens were generated
     stop_words: list[list[int]] = field(default_factory=list)  # generation ends after any of these
+    # Beam search (beam_width > 1), with transformers' rules: see beam_search.py.
+    beam_width: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | str = True  # True, False or "never"
     # What to report back.
     return_log_probs: bool = False
     top_log_probs: int = 0  # alternatives per token, with their log-probabilities

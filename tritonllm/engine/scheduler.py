@@ -48,7 +48,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: list[Sequence] = []  # sorted by rank
-        self.running: list[Sequence] = []  # in admission order
+        self.running: list[Sequence] = []  # sorted by rank at every step
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
@@ -70,12 +70,27 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 
+    def place(self, seq: Sequence, running: bool) -> None:
+        """Puts a beam whose state was just replaced where that state belongs: running (it holds blocks) or
+        waiting (its parent had been preempted)."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = SequenceStatus.RUNNING if running else SequenceStatus.WAITING
+        if running:
+            self.running.append(seq)
+        else:
+            self.add(seq)
+
     def schedule(self) -> tuple[list[ScheduledChunk], list[Sequence]]:
         """Returns this step's chunks, and the sequences ended without a token (deadline, or no room ever)."""
         ended = self._expire()
         self._preempt_for_priority()
         budget = self.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
+        # In rank order, so that a sequence making room preempts only sequences not yet given a chunk.
+        self.running.sort(key=lambda s: s.rank)
         for seq in list(self.running):
             if budget == 0:
                 break

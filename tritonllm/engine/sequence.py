@@ -7,11 +7,15 @@ import itertools
 import time
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import torch
 
 from .lora import Adapter
 from .sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from .beam_search import BeamSearch
 
 _next_seq_id = itertools.count()
 
@@ -57,6 +61,7 @@ class Sequence:
     # P-tuning: prompt ids from the vocabulary size on select rows of this [rows, hidden] table.
     prompt_table: torch.Tensor | None = None
     adapter: Adapter | None = None  # LoRA
+    beam: BeamSearch | None = None  # the search this sequence is a live beam of
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     arrival_time: float = field(default_factory=time.monotonic)
@@ -111,9 +116,25 @@ class Sequence:
         return first is None or first.is_finished or first.num_computed >= first.num_prompt_tokens
 
     @property
-    def rank(self) -> tuple[int, int]:
-        """Smaller runs first: higher priority, then earlier arrival."""
-        return (self.priority, self.seq_id)
+    def rank(self) -> tuple[int, int, int]:
+        """Smaller runs first: higher priority, then earlier arrival; the beams of a search rank together."""
+        request = self.seq_id if self.beam is None else self.beam.lead.seq_id
+        return (self.priority, request, self.seq_id)
+
+    def fork(self) -> Sequence:
+        """Another live beam of this sequence's search (the search gives it tokens and blocks)."""
+        return Sequence(
+            self.prompt_ids,
+            self.params,
+            request_id=self.request_id,
+            priority=self.priority,
+            deadline=self.deadline,
+            prompt_table=self.prompt_table,
+            adapter=self.adapter,
+            beam=self.beam,
+            arrival_time=self.arrival_time,
+            first_scheduled_time=self.first_scheduled_time,
+        )
 
     def queue_wait(self) -> float:
         """Seconds from arrival to first scheduling (0 while still waiting)."""

@@ -70,10 +70,11 @@ class TritonPythonModel:
                 parsed = inference_request.parse(get, vocab, request.timeout(), self.hidden_size)
                 table = parsed.prompt_table
                 self.engine.validate(parsed.prompt_ids, 0 if table is None else len(table))
+                beams = parsed.num_samples if parsed.params.beam_width > 1 else 0
                 samples = samples_of(
                     parsed.prompt_ids,
                     parsed.params,
-                    parsed.num_samples,
+                    1 if beams else parsed.num_samples,
                     request_id=request.request_id(),
                     priority=parsed.priority,
                     prompt_table=table,
@@ -88,7 +89,7 @@ class TritonPythonModel:
                     [
                         Submission(
                             seq,
-                            Responder(sender, parsed.streaming, self.metrics, self.responses, group, drafted),
+                            Responder(sender, parsed.streaming, self.metrics, self.responses, group, drafted, beams),
                             sender.is_cancelled,
                         )
                         for seq in samples
@@ -164,6 +165,7 @@ class Responder:
         responses: ResponseQueue,
         group: SampleGroup,
         drafted: bool,
+        beams: int = 0,
     ) -> None:
         self.sender = sender
         self.streaming = streaming
@@ -171,9 +173,14 @@ class Responder:
         self.responses = responses
         self.group = group
         self.drafted = drafted  # the request carries draft tokens: report how many were accepted
+        self.beams = beams  # beam search: how many of the best beams the final response carries
 
     def __call__(self, out) -> None:
         seq = out.seq
+        if self.beams:
+            if out.finished:
+                self._send_beams(out)
+            return
         if self.streaming:
             new = out.new_token_ids
         elif out.finished:
@@ -198,6 +205,36 @@ class Responder:
             self.metrics.finished(seq.finish_reason)
             self.group.unfinished -= 1
         self.responses.put(self.sender, arrays, final=self.group.unfinished == 0)
+
+    def _send_beams(self, out) -> None:
+        """One final response with the best beams, padded with pad_id (their ends shift until the search ends,
+        so even a streaming request gets them whole)."""
+        seq = out.seq
+        best = seq.beam.results()[: self.beams]
+        width = max(len(h.output_ids) for h in best)
+        pad = seq.params.pad_id
+
+        def padded(rows, dtype, fill):
+            return np.array([list(r) + [fill] * (width - len(r)) for r in rows], dtype=dtype)[None]
+
+        arrays = {
+            "output_ids": padded([h.output_ids for h in best], np.int32, pad),
+            "sequence_length": np.array([[len(h.output_ids) for h in best]], dtype=np.int32),
+            "preceding_ids": np.zeros((1, 0), dtype=np.int32),
+            "finish_reason": np.array([[_reason(seq)]], dtype=np.object_),
+            "num_input_tokens": np.array([[seq.num_prompt_tokens]], dtype=np.int32),
+            "num_output_tokens": np.array([[len(best[0].output_ids)]], dtype=np.int32),
+            "batch_size": np.array([[out.batch_size]], dtype=np.int32),
+            "queue_wait_us": np.array([[int(seq.queue_wait() * 1e6)]], dtype=np.int64),
+            "sequence_index": np.array([[0]], dtype=np.int32),
+        }
+        if seq.params.return_log_probs:
+            arrays["output_log_probs"] = padded([h.log_probs for h in best], np.float32, 0.0)
+            arrays["cum_log_probs"] = np.array([[h.cum_log_prob for h in best]], dtype=np.float32)
+        if seq.params.return_context_logits and seq.context_logits:
+            arrays["context_logits"] = torch.stack(seq.context_logits).numpy()[None]
+        self.metrics.finished(seq.finish_reason)
+        self.responses.put(self.sender, arrays, final=True)
 
     def _requested(self, seq, num_new: int) -> dict[str, np.ndarray]:
         """The optional outputs the request asked for, covering this response's tokens."""
