@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers import (
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    TypicalLogitsWarper,
+    WatermarkLogitsProcessor,
+)
 
-from tritonllm.engine.sampler import warp
+from tritonllm.engine.sampler import warp, watermark
 
 
 @pytest.mark.parametrize(
@@ -20,3 +26,40 @@ def test_warp_equals_transformers_processors(temperature, top_k, top_p):
     if top_p < 1.0:
         expected = TopPLogitsWarper(top_p)(None, expected)
     assert torch.equal(warp(logits[0], temperature, top_k, top_p), expected[0])
+
+
+@pytest.mark.parametrize("typical_p", [0.2, 0.5, 0.95])
+def test_typical_p_equals_transformers_warper(typical_p):
+    logits = torch.randn(1, 4096, generator=torch.Generator().manual_seed(1)) * 2
+    expected = TypicalLogitsWarper(mass=typical_p)(None, TopPLogitsWarper(0.9)(None, logits / 0.8))
+    assert torch.equal(warp(logits[0], 0.8, 0, 0.9, typical_p), expected[0])
+
+
+def test_watermark_equals_transformers_processor():
+    logits = torch.randn(1, 4096, generator=torch.Generator().manual_seed(2))
+    previous = torch.tensor([[17, 905]])
+    expected = WatermarkLogitsProcessor(4096, "cpu")(previous, logits.clone())
+    assert torch.equal(watermark(logits[0], 905), expected[0])
+
+
+def test_watermarked_greedy_generation_equals_generate(tiny_model_dir, hf_model):
+    from transformers import WatermarkingConfig
+
+    from tritonllm.engine.sampling_params import SamplingParams
+    from tritonllm.engine.sequence import Sequence
+
+    from .test_engine import make_engine, run
+
+    prompt = [11, 250, 3000, 42]
+    seq = Sequence(prompt, SamplingParams(max_tokens=16, watermark=True))
+    run(make_engine(tiny_model_dir), [seq])
+    expected = hf_model.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=16,
+        do_sample=False,
+        pad_token_id=0,
+        eos_token_id=None,
+        watermarking_config=WatermarkingConfig(),
+    )[0, len(prompt) :].tolist()
+    plain = hf_model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, pad_token_id=0)
+    assert seq.output_ids == expected != plain[0, len(prompt) :].tolist()

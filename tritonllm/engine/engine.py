@@ -59,6 +59,8 @@ class LLMEngine:
         if seq.adapter is not None and self.runner.lora is None:
             raise ValueError("lora_task_id: LoRA is not enabled on this model (parameter lora_cache_size)")
         p = seq.params
+        if seq.grammar is not None and (p.beam_width > 1 or seq.draft_tokens):
+            raise ValueError("guided_decoding_guide needs beam_width=1 and no draft_input_ids")
         if p.beam_width > 1:
             max_tokens = min(p.max_tokens, self.max_model_len - seq.num_prompt_tokens)
             seq.beam = BeamSearch(seq, p.beam_width, p.length_penalty, p.early_stopping, max_tokens)
@@ -211,6 +213,8 @@ class LLMEngine:
     @staticmethod
     def _record(seq: Sequence, sampled: Sampled, raw_logits: torch.Tensor) -> None:
         seq.token_ids.append(sampled.token)
+        if seq.grammar is not None:
+            seq.grammar.advance(sampled.token)
         if sampled.logprob is not None:
             seq.logprobs.append(sampled.logprob)
         if sampled.top_ids is not None:
@@ -219,7 +223,7 @@ class LLMEngine:
             seq.generation_logits.append(raw_logits.clone())
 
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
-        if token == seq.params.end_id:
+        if token == seq.params.end_id or (seq.grammar is not None and seq.grammar.finished):
             return FinishReason.END_ID
         if seq.params.stop_words and ends_with_stop_word(seq):
             return FinishReason.STOP_WORDS

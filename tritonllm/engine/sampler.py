@@ -22,8 +22,8 @@ class Sampled:
     top_logprobs: list[float] | None = None
 
 
-def warp(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """Temperature, then top-k, then top-p, in the order and with the tie rules of transformers' warpers."""
+def warp(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, typical_p: float = 1.0) -> torch.Tensor:
+    """Temperature, top-k, top-p, then typical-p, in the order and with the tie rules of transformers' warpers."""
     logits = logits / temperature
     if 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k).values[-1]
@@ -34,6 +34,35 @@ def warp(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> 
         remove = cumulative <= 1 - top_p
         remove[-1] = False  # always keep the most likely token
         logits = logits.masked_fill(remove.scatter(0, order, remove), float("-inf"))
+    if typical_p < 1.0:
+        logits = _typical(logits, typical_p)
+    return logits
+
+
+def _typical(logits: torch.Tensor, mass: float) -> torch.Tensor:
+    """Keeps the tokens whose surprise is closest to the distribution's entropy, up to `mass` probability."""
+    log_probs = torch.log_softmax(logits, -1)
+    entropy = -(log_probs * log_probs.exp()).nansum()
+    distance, order = torch.sort((-log_probs - entropy).abs())
+    cumulative = logits[order].softmax(-1).cumsum(-1)
+    last = min(int((cumulative < mass).sum()), len(logits) - 1)
+    remove = distance > distance[last]
+    return logits.masked_fill(remove.scatter(0, order, remove), float("-inf"))
+
+
+WATERMARK_KEY = 15485863  # transformers' default hashing key
+WATERMARK_GREEN_FRACTION = 0.25
+WATERMARK_BIAS = 2.0
+
+
+def watermark(logits: torch.Tensor, previous_token: int) -> torch.Tensor:
+    """Kirchenbauer et al.'s watermark as transformers' WatermarkLogitsProcessor (left hash, context 1): the
+    previous token seeds a "green list" of a quarter of the vocabulary, whose logits get +2.0, so that a
+    detector that knows the key finds far more green tokens than chance in the text."""
+    rng = torch.Generator().manual_seed((WATERMARK_KEY * previous_token) % (2**64 - 1))
+    green = torch.randperm(len(logits), generator=rng)[: int(len(logits) * WATERMARK_GREEN_FRACTION)]
+    logits = logits.clone()
+    logits[green] += WATERMARK_BIAS
     return logits
 
 
@@ -47,10 +76,17 @@ def sample_one(raw: torch.Tensor, seq: Sequence, argmax: int | None = None, draf
     """
     p = seq.params
     row = process(raw, seq)
+    if seq.grammar is not None:
+        row = seq.grammar.mask(row)
     if p.greedy:
+        if p.watermark:
+            row = watermark(row, seq.token_ids[-1])
         token = argmax if row is raw and argmax is not None else int(row.argmax())
     else:
-        probs = warp(row, p.temperature, p.top_k, p.top_p).softmax(-1)
+        row = warp(row, p.temperature, p.top_k, p.top_p, p.typical_p)
+        if p.watermark:
+            row = watermark(row, seq.token_ids[-1])
+        probs = row.softmax(-1)
         token = _speculative(probs, seq, draft) if draft is not None else _draw(probs, seq)
     result = Sampled(token)
     if p.return_log_probs or p.top_log_probs:

@@ -15,6 +15,8 @@ class SamplingParams:
     temperature: float = 0.0  # 0 means greedy
     top_k: int = 0  # 0 means the whole vocabulary
     top_p: float = 1.0
+    typical_p: float = 1.0
+    watermark: bool = False  # see sampler.watermark
     seed: int | None = None
     end_id: int = NO_END_ID
     pad_id: int = 0  # fills the shorter beams of a response

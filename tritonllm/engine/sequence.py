@@ -16,6 +16,7 @@ from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from .beam_search import BeamSearch
+    from .grammar import Grammar
 
 _next_seq_id = itertools.count()
 
@@ -62,6 +63,7 @@ class Sequence:
     prompt_table: torch.Tensor | None = None
     adapter: Adapter | None = None  # LoRA
     beam: BeamSearch | None = None  # the search this sequence is a live beam of
+    grammar: Grammar | None = None  # constrains which tokens may come next
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     arrival_time: float = field(default_factory=time.monotonic)

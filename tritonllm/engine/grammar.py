@@ -1,0 +1,74 @@
+"""Grammar-constrained decoding with llguidance: each constrained sequence has a matcher that masks its logits
+to the tokens the grammar allows next and advances on every token the sequence takes.
+
+Guide types follow TensorRT-LLM's `guided_decoding_guide_type`: "json" (any JSON object), "json_schema",
+"regex" and "lark" (llguidance's Lark dialect, which can embed JSON schemas with `%json {...}` and name
+special tokens as `<[id]>`). JSON is generated compact (no free whitespace), so that even a model that has
+not learnt JSON finishes its objects in few tokens.
+"""
+
+from __future__ import annotations
+
+import json
+
+import llguidance
+import llguidance.hf
+import llguidance.torch
+import torch
+
+GUIDE_TYPES = ("json", "json_schema", "regex", "lark")
+COMPACT_JSON = {"whitespace_flexible": False}
+
+
+class GrammarCompiler:
+    """Built once per model from its tokenizer."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = llguidance.hf.from_tokenizer(tokenizer)
+
+    def matcher(self, guide_type: str, guide: str) -> Grammar:
+        """Raises ValueError naming the guided_decoding tensors when the guide is not valid."""
+        if guide_type not in GUIDE_TYPES:
+            raise ValueError(f"guided_decoding_guide_type must be one of {list(GUIDE_TYPES)}, got {guide_type!r}")
+        try:
+            if guide_type == "json":
+                grammar = llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}', COMPACT_JSON)
+            elif guide_type == "json_schema":
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(json.loads(guide), COMPACT_JSON)
+            elif guide_type == "regex":
+                grammar = llguidance.LLMatcher.grammar_from_regex(guide)
+            else:
+                grammar = llguidance.LLMatcher.grammar_from_lark(guide)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"guided_decoding_guide is not a valid {guide_type}: {e}") from e
+        matcher = llguidance.LLMatcher(self.tokenizer, grammar)
+        if matcher.is_error():
+            raise ValueError(f"guided_decoding_guide is not a valid {guide_type}: {matcher.get_error()}")
+        return Grammar(matcher, self.tokenizer.vocab_size)
+
+
+class Grammar:
+    """One sequence's matcher."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+        self.matcher = matcher
+        self.vocab_size = vocab_size
+        self._bitmask = llguidance.torch.allocate_token_bitmask(1, vocab_size)
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        """A copy of `logits` [vocab] with the tokens the grammar forbids at -inf."""
+        llguidance.torch.fill_next_token_bitmask(self.matcher, self._bitmask, 0)
+        masked = logits[: self.vocab_size].clone()[None]
+        llguidance.torch.apply_token_bitmask_inplace(masked, self._bitmask)
+        out = torch.full_like(logits, float("-inf"))
+        out[: self.vocab_size] = masked[0]
+        return out
+
+    def advance(self, token: int) -> None:
+        if not self.matcher.consume_token(token):
+            raise RuntimeError(f"grammar rejected token {token}: {self.matcher.get_error()}")
+
+    @property
+    def finished(self) -> bool:
+        """The grammar is complete and allows nothing more."""
+        return self.matcher.is_stopped()
