@@ -13,7 +13,8 @@ import json
 
 import llguidance
 import llguidance.hf
-import llguidance.torch
+import llguidance.numpy
+import numpy as np
 import torch
 
 GUIDE_TYPES = ("json", "json_schema", "regex", "lark")
@@ -53,16 +54,16 @@ class Grammar:
     def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
         self.matcher = matcher
         self.vocab_size = vocab_size
-        self._bitmask = llguidance.torch.allocate_token_bitmask(1, vocab_size)
+        # (llguidance.torch would import torch's compiler, which the Python backend's stub cannot load)
+        self._bitmask = llguidance.numpy.allocate_token_bitmask(1, vocab_size)
 
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
         """A copy of `logits` [vocab] with the tokens the grammar forbids at -inf."""
-        llguidance.torch.fill_next_token_bitmask(self.matcher, self._bitmask, 0)
-        masked = logits[: self.vocab_size].clone()[None]
-        llguidance.torch.apply_token_bitmask_inplace(masked, self._bitmask)
-        out = torch.full_like(logits, float("-inf"))
-        out[: self.vocab_size] = masked[0]
-        return out
+        llguidance.numpy.fill_next_token_bitmask(self.matcher, self._bitmask, 0)
+        allowed = np.unpackbits(self._bitmask[0].view(np.uint8), bitorder="little")[: self.vocab_size]
+        keep = torch.zeros(len(logits), dtype=torch.bool)
+        keep[: self.vocab_size] = torch.from_numpy(allowed.astype(bool))
+        return logits.masked_fill(~keep, float("-inf"))
 
     def advance(self, token: int) -> None:
         if not self.matcher.consume_token(token):

@@ -37,6 +37,9 @@ class ParsedRequest:
     draft_tokens: list[int]
     draft_logits: torch.Tensor | None
     prompt_table: torch.Tensor | None  # [prompt_vocab_size, hidden] for ids from the vocabulary size on
+    guide: tuple[str, str] | None  # (guided_decoding_guide_type, guided_decoding_guide)
+    include_stop_words: bool  # false: a final stop word's tokens are left out of the response
+    skip_special_tokens: bool  # handed on to the detokenizer
 
 
 def scalar(get: TensorLookup, name: str, default=None):
@@ -79,7 +82,23 @@ def parse(get: TensorLookup, vocab_size: int, triton_timeout_us: int = 0, hidden
         drafts,
         draft_logits,
         _prompt_table(get, hidden_size),
+        _guide(get),
+        bool(scalar(get, "include_stop_words_in_output", True)),
+        bool(scalar(get, "skip_special_tokens", True)),
     )
+
+
+def _guide(get: TensorLookup) -> tuple[str, str] | None:
+    guide_type, guide = scalar(get, "guided_decoding_guide_type"), scalar(get, "guided_decoding_guide")
+    if guide_type is None:
+        if guide is not None:
+            raise ValueError("guided_decoding_guide needs a guided_decoding_guide_type")
+        return None
+    return _text(guide_type), "" if guide is None else _text(guide)
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _check_beam_search(params: SamplingParams, samples: int, drafts: list[int]) -> None:
@@ -185,13 +204,18 @@ def _params(get: TensorLookup, vocab_size: int) -> SamplingParams:
     early_stopping = int(scalar(get, "early_stopping", 1))
     _check("early_stopping", early_stopping, early_stopping in EARLY_STOPPING, "1 (true), 0 (false) or -1 (never)")
 
-    sampled = temperature is not None or top_k is not None or top_p is not None
+    typical_p = float(scalar(get, "typical_p", 1.0))
+    _check("typical_p", typical_p, 0 < typical_p <= 1, "in (0, 1]")
+
+    sampled = temperature is not None or top_k is not None or top_p is not None or typical_p < 1.0
     return SamplingParams(
         max_tokens=int(max_tokens),
         # As in TensorRT-LLM, a request that sets none of the sampling tensors decodes greedily.
         temperature=float(1.0 if temperature is None else temperature) if sampled else 0.0,
         top_k=int(top_k or 0),
         top_p=float(1.0 if top_p is None else top_p),
+        typical_p=typical_p,
+        watermark=bool(scalar(get, "watermark", False)),
         seed=None if seed is None else int(seed),
         end_id=int(end_id),
         pad_id=int(pad_id if pad_id is not None else max(end_id, 0)),

@@ -63,4 +63,10 @@ def ends_with_stop_word(seq: Sequence) -> bool:
 
 
 def ends_with_any(tokens: list[int], words: list[list[int]]) -> bool:
-    return any(_ends_with(tokens, word) for word in words)
+    return matched_word(tokens, words) is not None
+
+
+def matched_word(tokens: list[int], words: list[list[int]]) -> list[int] | None:
+    """The longest of `words` that `tokens` ends with."""
+    found = [word for word in words if _ends_with(tokens, word)]
+    return max(found, key=len) if found else None

@@ -50,6 +50,11 @@ def load_tokenizer(model_dir: Path):
     return AutoTokenizer.from_pretrained(model_dir)
 
 
+def load_model_config(model_dir: Path) -> dict:
+    """The HF model's config.json."""
+    return json.loads((model_dir / "config.json").read_text())
+
+
 def json_list(raw: str, field: str) -> list:
     try:
         value = json.loads(raw)

@@ -19,9 +19,11 @@ import triton_python_backend_utils as pb_utils
 from tritonllm.engine import inference_request, lora
 from tritonllm.engine.engine import EngineConfig, LLMEngine
 from tritonllm.engine.engine_thread import EngineThread, Overloaded, Submission
+from tritonllm.engine.grammar import GrammarCompiler
+from tritonllm.engine.logits_processors import matched_word
 from tritonllm.engine.lora import AdapterCache
 from tritonllm.engine.sequence import FinishReason, samples_of
-from tritonllm.runtime.model_config import ModelParameters
+from tritonllm.runtime.model_config import ModelParameters, load_tokenizer
 from tritonllm.tokenizer.detokenizer import CONTEXT_TOKENS
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -44,6 +46,7 @@ class TritonPythonModel:
             enable_lora=lora_cache_size > 0,
         )
         self.engine = LLMEngine(config)
+        self.grammars = GrammarCompiler(load_tokenizer(params.model_dir()))
         self.hidden_size = self.engine.runner.model.config.hidden_size
         self.adapters = AdapterCache(lora_cache_size)
         self.metrics = EngineMetrics()
@@ -83,13 +86,15 @@ class TritonPythonModel:
                     draft_logits=parsed.draft_logits,
                     deadline=None if parsed.timeout_s is None else time.monotonic() + parsed.timeout_s,
                 )
+                if parsed.guide is not None:
+                    for seq in samples:
+                        seq.grammar = self.grammars.matcher(*parsed.guide)
                 group = SampleGroup(len(samples))
-                drafted = bool(parsed.draft_tokens)
                 self.thread.submit(
                     [
                         Submission(
                             seq,
-                            Responder(sender, parsed.streaming, self.metrics, self.responses, group, drafted, beams),
+                            Responder(sender, parsed, self.metrics, self.responses, group, beams),
                             sender.is_cancelled,
                         )
                         for seq in samples
@@ -160,19 +165,20 @@ class Responder:
     def __init__(
         self,
         sender,
-        streaming: bool,
+        request: inference_request.ParsedRequest,
         metrics: EngineMetrics,
         responses: ResponseQueue,
         group: SampleGroup,
-        drafted: bool,
         beams: int = 0,
     ) -> None:
         self.sender = sender
-        self.streaming = streaming
+        self.streaming = request.streaming
         self.metrics = metrics
         self.responses = responses
         self.group = group
-        self.drafted = drafted  # the request carries draft tokens: report how many were accepted
+        self.drafted = bool(request.draft_tokens)  # report how many drafts were accepted
+        self.include_stop_words = request.include_stop_words
+        self.detokenizing = {"skip_special_tokens": np.array([[request.skip_special_tokens]])}
         self.beams = beams  # beam search: how many of the best beams the final response carries
 
     def __call__(self, out) -> None:
@@ -189,6 +195,9 @@ class Responder:
             return
         start = len(seq.token_ids) - len(new)
         preceding = seq.token_ids[max(0, start - CONTEXT_TOKENS) : start]
+        stop_word = matched_word(seq.output_ids, seq.params.stop_words) if out.finished else None
+        if stop_word and not self.include_stop_words:
+            new = new[: max(0, len(new) - len(stop_word))]
         arrays = {
             "output_ids": np.array(new, dtype=np.int32).reshape(1, 1, len(new)),
             "sequence_length": np.array([[len(new)]], dtype=np.int32),
@@ -199,6 +208,8 @@ class Responder:
             "batch_size": np.array([[out.batch_size]], dtype=np.int32),
             "queue_wait_us": np.array([[int(seq.queue_wait() * 1e6)]], dtype=np.int64),
             "sequence_index": np.array([[seq.sample_index]], dtype=np.int32),
+            "stop_token": np.array([[stop_word[-1] if stop_word else -1]], dtype=np.int32),
+            **self.detokenizing,
             **self._requested(seq, len(new)),
         }
         if out.finished:
@@ -227,6 +238,9 @@ class Responder:
             "batch_size": np.array([[out.batch_size]], dtype=np.int32),
             "queue_wait_us": np.array([[int(seq.queue_wait() * 1e6)]], dtype=np.int64),
             "sequence_index": np.array([[0]], dtype=np.int32),
+            "stop_token": np.array([[-1]], dtype=np.int32),
+            **self.detokenizing,
+            **NO_LOG_PROBS,
         }
         if seq.params.return_log_probs:
             arrays["output_log_probs"] = padded([h.log_probs for h in best], np.float32, 0.0)
@@ -237,8 +251,9 @@ class Responder:
         self.responses.put(self.sender, arrays, final=True)
 
     def _requested(self, seq, num_new: int) -> dict[str, np.ndarray]:
-        """The optional outputs the request asked for, covering this response's tokens."""
-        p, arrays = seq.params, {}
+        """The outputs the request asked for, covering this response's tokens. The log-prob outputs are always
+        there (empty unless asked for), because the ensemble hands them to postprocessing."""
+        p, arrays = seq.params, dict(NO_LOG_PROBS)
         first = seq.num_output_tokens - num_new
         if p.return_log_probs:
             arrays["output_log_probs"] = np.array(seq.logprobs[first:], dtype=np.float32).reshape(1, 1, -1)
@@ -255,6 +270,13 @@ class Responder:
         if p.return_generation_logits and num_new:
             arrays["generation_logits"] = torch.stack(seq.generation_logits[first:]).numpy()[None, None]
         return arrays
+
+
+NO_LOG_PROBS = {
+    "output_log_probs": np.zeros((1, 1, 0), dtype=np.float32),
+    "top_log_probs": np.zeros((1, 1, 0, 0), dtype=np.float32),
+    "top_log_prob_ids": np.zeros((1, 1, 0, 0), dtype=np.int32),
+}
 
 
 def _reason(seq) -> bytes:

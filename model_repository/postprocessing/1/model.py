@@ -1,4 +1,7 @@
-"""Token ids -> text, exact while streaming (see tritonllm.tokenizer.detokenizer); passes the llm's extras on."""
+"""Token ids -> text, exact while streaming (see tritonllm.tokenizer.detokenizer); passes the llm's extras on.
+
+Also turns the llm's log-probs into what the OpenAI APIs show: each token's text and its alternatives' texts.
+"""
 
 from __future__ import annotations
 
@@ -16,14 +19,18 @@ PASS_THROUGH = (
     "batch_size",
     "queue_wait_us",
     "sequence_index",
+    "stop_token",
 )
+
+
+def _strings(texts) -> np.ndarray:
+    return np.array([t.encode() for t in texts], dtype=np.object_)
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         params = ModelParameters(args)
         self.tokenizer = load_tokenizer(params.model_dir())
-        self.skip_special_tokens = params.bool("skip_special_tokens", True)
 
     def execute(self, requests: list) -> list:
         return [self._one(request) for request in requests]
@@ -33,14 +40,34 @@ class TritonPythonModel:
             return pb_utils.get_input_tensor_by_name(request, name).as_numpy()
 
         beams = array("output_ids")[0]  # [beam, tokens]
-        lengths = array("sequence_length")[0]
+        lengths = array("sequence_length")[0].tolist()
         preceding = array("preceding_ids")[0].tolist()
-        final = bool(array("finish_reason").reshape(-1)[0])
+        reason = array("finish_reason").reshape(-1)[0]
+        final = bool(reason)
+        skip = bool(array("skip_special_tokens").reshape(-1)[0])
         texts = [
-            text_increment(self.tokenizer, preceding, beam[:n].tolist(), final, self.skip_special_tokens)
+            text_increment(self.tokenizer, preceding, beam[:n].tolist(), final, skip)
             for beam, n in zip(beams, lengths, strict=False)
         ]
-        outputs = [pb_utils.Tensor("text_output", np.array([[t.encode() for t in texts]], dtype=np.object_))]
+        ids = beams[0][: lengths[0]].tolist()
+        log_probs = array("output_log_probs")[0, 0][: len(ids)]
+        top_ids = array("top_log_prob_ids")[0, 0][: len(ids)]
+        outputs = [
+            pb_utils.Tensor("text_output", _strings(texts)[None]),
+            pb_utils.Tensor("output_ids", np.array([ids], dtype=np.int32)),
+            pb_utils.Tensor("output_log_probs", log_probs[None]),
+            pb_utils.Tensor("top_log_probs", array("top_log_probs")[0, 0][: len(ids)][None]),
+        ]
+        if len(log_probs) or top_ids.size:
+            decode = self.tokenizer.decode
+            outputs.append(pb_utils.Tensor("token_texts", _strings(decode([t]) for t in ids)[None]))
+            top_texts = [[decode([int(t)]).encode() for t in row] for row in top_ids]
+            outputs.append(
+                pb_utils.Tensor("top_token_texts", np.array(top_texts, dtype=np.object_).reshape(top_ids.shape)[None])
+            )
+        else:
+            outputs.append(pb_utils.Tensor("token_texts", np.zeros((1, 0), dtype=np.object_)))
+            outputs.append(pb_utils.Tensor("top_token_texts", np.zeros((1, 0, 0), dtype=np.object_)))
         for name in PASS_THROUGH:
             outputs.append(pb_utils.Tensor(name, array(name)))
         return pb_utils.InferenceResponse(output_tensors=outputs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from tritonllm.runtime.model_config import ModelParameters, json_list, load_tokenizer
+from tritonllm.runtime.model_config import ModelParameters, json_list, load_model_config, load_tokenizer
 from tritonllm.tokenizer.word_lists import encode_word_list
 
 
@@ -25,12 +25,30 @@ def _int(request, name: str, default: int) -> int:
     return default if tensor is None else int(tensor.as_numpy().reshape(-1)[0])
 
 
+def _bool(request, name: str, default: bool) -> bool:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return default if tensor is None else bool(tensor.as_numpy().reshape(-1)[0])
+
+
+def _ids(request, name: str) -> list[int]:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return [] if tensor is None else tensor.as_numpy().reshape(-1).astype(np.int64).tolist()
+
+
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         params = ModelParameters(args)
         self.tokenizer = load_tokenizer(params.model_dir())
         self.default_max_tokens = params.int("default_max_tokens", 16)
         self.add_special_tokens = params.bool("add_special_tokens", True)
+        # Prompt tokens allowed: min(max_input_tokens, max_seq_len - 1, the model's max_position_embeddings).
+        positions = load_model_config(params.model_dir()).get("max_position_embeddings", 1 << 31)
+        self.limits = {
+            "max_input_tokens": params.int("max_input_tokens", 1 << 31),
+            "max_seq_len - 1": params.int("max_seq_len", 1 << 31) - 1,
+            "max_position_embeddings - 1": positions - 1,
+        }
+        self.max_prompt_tokens = min(self.limits.values())
 
     def execute(self, requests: list) -> list:
         return [self._one(request) for request in requests]
@@ -42,13 +60,16 @@ class TritonPythonModel:
             if max_tokens < 1:
                 raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
             bad_words = self._word_list(request, "bad_words")
-            stop_words = self._word_list(request, "stop_words")
+            stop_token_ids = [t for t in _ids(request, "stop_token_ids") if 0 <= t < len(self.tokenizer)]
+            stop_words = self._word_list(request, "stop_words", [[t] for t in stop_token_ids])
             bias = self._embedding_bias(request)
         except ValueError as e:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e)))
         tok = self.tokenizer
         end_id = _int(request, "end_id", tok.eos_token_id if tok.eos_token_id is not None else -1)
         pad_id = _int(request, "pad_id", tok.pad_token_id if tok.pad_token_id is not None else end_id)
+        if _bool(request, "ignore_eos", False):
+            end_id = -1
         return pb_utils.InferenceResponse(
             output_tensors=[
                 pb_utils.Tensor("input_ids", np.array([ids], dtype=np.int32)),
@@ -67,10 +88,10 @@ class TritonPythonModel:
             return []
         return [w.decode("utf-8") if isinstance(w, bytes) else str(w) for w in tensor.as_numpy().reshape(-1)]
 
-    def _word_list(self, request, name: str) -> np.ndarray:
+    def _word_list(self, request, name: str, extra: list[list[int]] | None = None) -> np.ndarray:
         """Words as text -> the llm's [2, N] list; each word tokenized on its own, as tensorrtllm_backend does."""
         words = [self.tokenizer.encode(w, add_special_tokens=False) for w in self._words(request, name) if w]
-        return encode_word_list(words)
+        return encode_word_list(words + (extra or []))
 
     def _embedding_bias(self, request) -> np.ndarray:
         """embedding_bias_words + embedding_bias_weights -> a [vocab] bias on each word's tokens (empty: none)."""
@@ -105,7 +126,15 @@ class TritonPythonModel:
             text = _string(request, "text_input")
             if text is None:
                 raise ValueError("text_input (or chat_messages) is required")
-            ids = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
+            raw = _bool(request, "use_raw_prompt", False)  # exactly the text: no special tokens added
+            ids = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens and not raw)
         if not ids:
             raise ValueError("text_input is empty after tokenization")
+        if len(ids) > self.max_prompt_tokens:
+            if not _bool(request, "truncate_prompt", False):
+                limits = ", ".join(f"{name} = {value}" for name, value in self.limits.items() if value < 1 << 30)
+                raise ValueError(
+                    f"text_input has {len(ids)} tokens; at most {self.max_prompt_tokens} are allowed ({limits})"
+                )
+            ids = ids[len(ids) - self.max_prompt_tokens :]  # keep the end, which the generation continues
         return ids
