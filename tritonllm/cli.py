@@ -71,6 +71,7 @@ def serve(args: argparse.Namespace) -> int:
             triton_grpc_url=server.grpc_url,
             served_model_name=args.served_model_name or model_dir.name,
             default_max_tokens=args.default_max_tokens,
+            full_text_enabled=args.full_text,
         )
         _progress(f"shim on http://{args.host}:{args.shim_port} serving model {settings.served_model_name!r}")
         uvicorn.run(create_app(settings), host=args.host, port=args.shim_port, log_level="warning")
@@ -96,6 +97,7 @@ def shim(args: argparse.Namespace) -> int:
         triton_grpc_url=args.triton_grpc_url,
         served_model_name=args.served_model_name,
         default_max_tokens=args.default_max_tokens,
+        full_text_enabled=args.full_text,
     )
     _progress(f"shim on http://{args.host}:{args.port} -> triton {args.triton_grpc_url}")
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning")
@@ -121,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grpc-port", type=int, default=8001)
     p.add_argument("--metrics-port", type=int, default=8002)
     p.add_argument("--shim-port", type=int, default=9000)
-    p.add_argument("--default-max-tokens", type=int, default=256, help="for chat requests without max_tokens")
+    p.add_argument("--default-max-tokens", type=int, default=256, help="for requests without max_tokens")
+    p.add_argument("--full-text", action="store_true", help="stream the whole text so far in every event")
     p.set_defaults(func=serve)
 
     p = sub.add_parser("shim", help="run only the HTTP shim against a running tritonserver")
@@ -129,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--served-model-name", default="small")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9000)
-    p.add_argument("--default-max-tokens", type=int, default=256, help="for chat requests without max_tokens")
+    p.add_argument("--default-max-tokens", type=int, default=256, help="for requests without max_tokens")
+    p.add_argument("--full-text", action="store_true", help="stream the whole text so far in every event")
     p.set_defaults(func=shim)
 
     p = sub.add_parser("build-demo-model", help="write the deterministic demo models (tiny, small)")

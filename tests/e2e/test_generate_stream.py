@@ -80,7 +80,8 @@ def test_seeded_sampling_repeats(shim_url):
         ({"text_input": "x", "parameters": {"seed": 0}}, "seed"),
         ({"text_input": "x", "parameters": {"priority": 6}}, "priority"),
         ({"text_input": "x", "parameters": {"timeout": 3601}}, "timeout"),
-        ({"text_input": "x", "parameters": {"typical_p": 0.5}}, "typical_p"),
+        ({"text_input": "x", "parameters": {"typical_p": 1.5}}, "typical_p"),
+        ({"text_input": "x", "parameters": {"repetition_penalty": 0}}, "repetition_penalty"),
         ({"text_input": "x", "parameters": {"bogus": 1}}, "bogus"),
     ],
 )

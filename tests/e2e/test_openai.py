@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import httpx
+import jsonschema
 import openai
 import pytest
-from oracles import greedy_text
+from oracles import greedy_ids, greedy_text
 from triton_helpers import metric, wait_for
 
 from .conftest import MODEL
@@ -125,7 +126,43 @@ def test_sse_framing_ends_with_done(shim_url):
         ("completions", {"model": MODEL, "prompt": "x", "top_k": 0}, "top_k"),
         ("completions", {"model": MODEL, "prompt": "x", "seed": -3}, "seed"),
         ("completions", {"model": MODEL, "prompt": "x", "stop": [""]}, "stop"),
-        ("completions", {"model": MODEL, "prompt": "x", "logprobs": 2}, "logprobs"),
+        ("completions", {"model": MODEL, "prompt": "x", "logprobs": 6}, "logprobs"),
+        ("completions", {"model": MODEL, "prompt": "x", "n": 2, "temperature": 0}, "temperature"),
+        ("completions", {"model": MODEL, "prompt": "x", "n": 3, "best_of": 2}, "best_of"),
+        ("completions", {"model": MODEL, "prompt": "x", "use_beam_search": True, "stop": ["a"]}, "use_beam_search"),
+        ("completions", {"model": MODEL, "prompt": "x", "error_behavior": "ignore"}, "error_behavior"),
+        ("completions", {"model": MODEL, "prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
+        ("completions", {"model": MODEL, "prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
+        ("completions", {"model": MODEL, "prompt": "x", "bogus": 1}, "bogus"),
+        (
+            "chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_logprobs": 21},
+            "top_logprobs",
+        ),
+        (
+            "chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+            "top_logprobs",
+        ),
+        (
+            "chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "tool_choice": "required"},
+            "tool_choice",
+        ),
+        (
+            "chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}},
+            "response_format",
+        ),
+        (
+            "chat/completions",
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "x"}],
+                "response_format": {"type": "json_schema"},
+            },
+            "response_format",
+        ),
         ("completions", {"model": MODEL}, "prompt"),
     ],
 )
@@ -151,3 +188,181 @@ def test_client_disconnect_stops_the_generation(shim_url, triton):
             next(lines)
     assert wait_for(lambda: metric(triton, "tritonllm_requests_finished_total", cancelled) == before + 1)
     assert wait_for(lambda: metric(triton, "tritonllm_kv_blocks_used") == 0)
+
+
+def chat(openai_client, **kwargs):
+    return openai_client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "What is the weather in Paris?"}], **kwargs
+    )
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 12},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
+            "required": ["a"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}])
+@pytest.mark.parametrize("stream", [False, True])
+def test_forced_tool_calls_parse_and_validate(openai_client, choice, stream):
+    kwargs = dict(tools=[WEATHER, ADD], tool_choice=choice, max_tokens=120, temperature=1.0, seed=3)
+    if stream:
+        chunks = list(chat(openai_client, stream=True, **kwargs))
+        calls = [c for chunk in chunks for ch in chunk.choices for c in (ch.delta.tool_calls or [])]
+        finish = [ch.finish_reason for chunk in chunks for ch in chunk.choices if ch.finish_reason]
+    else:
+        response = chat(openai_client, **kwargs)
+        calls, finish = response.choices[0].message.tool_calls, [response.choices[0].finish_reason]
+    assert calls and finish == ["tool_calls"]
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, ADD)}
+    for call in calls:
+        assert isinstance(choice, str) or call.function.name == "add"
+        jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+
+
+def test_auto_tool_choice_returns_text_or_valid_calls(openai_client):
+    response = chat(openai_client, tools=[WEATHER], max_tokens=40, temperature=0)
+    choice = response.choices[0]
+    assert choice.finish_reason in ("stop", "length", "tool_calls")
+    assert (choice.message.tool_calls is not None) == (choice.finish_reason == "tool_calls")
+
+
+SCHEMAS = [
+    {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False},
+    {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 8},
+            "tags": {"type": "array", "items": {"enum": ["x", "y"]}, "maxItems": 2},
+            "n": {"type": "integer", "minimum": -3, "maximum": 3},
+        },
+        "required": ["name", "tags", "n"],
+        "additionalProperties": False,
+    },
+]
+
+
+@pytest.mark.parametrize("schema", SCHEMAS)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_json_schema_response_format_validates(openai_client, schema, seed):
+    response = chat(
+        openai_client,
+        response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": True}},
+        max_tokens=150,
+        temperature=1.0,
+        seed=seed,
+    )
+    jsonschema.validate(json.loads(response.choices[0].message.content), schema)
+
+
+def test_json_object_response_format_parses(openai_client):
+    """Any object is allowed, so a model with random weights may not close it within max_tokens; one that
+    ends by itself must parse."""
+    for seed in range(4):
+        response = chat(openai_client, response_format={"type": "json_object"}, max_tokens=60, temperature=1, seed=seed)
+        choice = response.choices[0]
+        assert choice.message.content.startswith("{")
+        if choice.finish_reason == "stop":
+            assert isinstance(json.loads(choice.message.content), dict)
+
+
+def test_chat_logprobs_n_and_timings(openai_client):
+    response = chat(openai_client, logprobs=True, top_logprobs=3, n=2, max_tokens=6, temperature=1.0, seed=4)
+    assert [c.index for c in response.choices] == [0, 1]
+    content = response.choices[0].logprobs.content
+    assert len(content) == response.usage.completion_tokens // 2 or len(content) <= 6
+    for token in content:
+        assert token.logprob <= 0 and len(token.top_logprobs) == 3
+        assert token.top_logprobs[0].logprob >= token.logprob - 1e-5
+    extra = response.model_extra
+    assert extra["prefill_time"] > 0 and len(extra["decode_time_arr"]) >= 1
+
+
+def test_completions_logprobs_echo_suffix_and_usage_arrays(openai_client):
+    response = openai_client.completions.create(
+        model=MODEL,
+        prompt="Hello",
+        max_tokens=5,
+        temperature=0,
+        logprobs=2,
+        echo=True,
+        suffix="<END>",
+        extra_body={"ignore_eos": True},
+    )
+    choice = response.choices[0]
+    assert choice.text.startswith("Hello") and choice.text.endswith("<END>")
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.text_offset) == len(lp.top_logprobs) == 5
+    assert lp.text_offset[0] == len("Hello")
+    assert all(len(t) == 2 for t in lp.top_logprobs)
+    usage = response.usage.model_extra
+    assert len(usage["batch_size"]) == len(usage["queue_wait_time"]) == 5
+
+
+def test_completions_list_prompts_best_of_and_beam_search(openai_client, tokenizer, hf_model):
+    batch = openai_client.completions.create(model=MODEL, prompt=["Hello", "The quick"], max_tokens=4, temperature=0)
+    assert [c.index for c in batch.choices] == [0, 1]
+    for prompt, choice in zip(["Hello", "The quick"], batch.choices, strict=True):
+        assert choice.text == greedy_text(hf_model, tokenizer, tokenizer.encode(prompt), 4)[0]
+    best = openai_client.completions.create(
+        model=MODEL, prompt="Hi", max_tokens=4, n=2, extra_body={"best_of": 4}, seed=1
+    )
+    assert len(best.choices) == 2
+    beams = openai_client.completions.create(
+        model=MODEL, prompt="Hi", max_tokens=6, n=2, temperature=0, extra_body={"use_beam_search": True}
+    )
+    assert len(beams.choices) == 2 and beams.choices[0].text != beams.choices[1].text
+
+
+def test_stop_token_ids_end_and_are_left_out(openai_client, tokenizer, hf_model):
+    ids = tokenizer.encode("Hello")
+    free = greedy_ids(hf_model, ids, 8, eos=tokenizer.eos_token_id)
+    stop = free[3]
+    body = dict(model=MODEL, prompt="Hello", max_tokens=8, temperature=0, extra_body={"stop_token_ids": [stop]})
+    cut = openai_client.completions.create(**body)
+    upto = free[: free.index(stop)]
+    assert cut.choices[0].text == tokenizer.decode(upto, skip_special_tokens=True)
+    assert cut.choices[0].finish_reason == "stop" and cut.choices[0].model_extra["stop_reason"] == stop
+    body["extra_body"]["include_stop_str_in_output"] = True
+    kept = openai_client.completions.create(**body)
+    assert kept.choices[0].text == tokenizer.decode(upto + [stop], skip_special_tokens=True)
+
+
+def test_prompt_over_the_limit_is_400_with_numbers_or_truncated(shim_url):
+    long = "word " * 3000
+    r = httpx.post(f"{shim_url}/v1/completions", json={"model": MODEL, "prompt": long, "max_tokens": 2}, timeout=60)
+    assert r.status_code == 400 and "at most" in r.json()["error"]["message"]
+    r = httpx.post(
+        f"{shim_url}/v1/completions",
+        json={"model": MODEL, "prompt": long, "max_tokens": 2, "error_behavior": "truncate"},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+
+
+def test_text_over_4mb_is_413(shim_url):
+    body = {"model": MODEL, "prompt": "x" * (4 * 1024 * 1024 + 1)}
+    assert httpx.post(f"{shim_url}/v1/completions", json=body, timeout=60).status_code == 413

@@ -48,7 +48,8 @@ def scalar(get: TensorLookup, name: str, default=None):
         return default
     if array.size != 1:
         raise ValueError(f"{name} must hold exactly one value, got shape {list(array.shape)}")
-    return array.reshape(-1)[0].item()
+    value = array.reshape(-1)[0]
+    return value.item() if isinstance(value, np.generic) else value  # strings arrive as bytes
 
 
 def is_stop_request(get: TensorLookup) -> bool:

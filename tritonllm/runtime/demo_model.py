@@ -13,6 +13,8 @@ from pathlib import Path
 
 VOCAB_SIZE = 4096
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
+# Single tokens that stay in decoded text (as in Qwen2.5's tokenizer), so tool calls can be parsed from it.
+TOOL_CALL_TAGS = ["<tool_call>", "</tool_call>"]
 
 # ChatML with Qwen-style tool rendering: tools go into the system turn, calls come back in <tool_call> tags.
 CHAT_TEMPLATE = """\
@@ -104,7 +106,7 @@ def synthetic_corpus(seed: int = 0, lines: int = 6000) -> list[str]:
 
 
 def train_tokenizer(progress=print):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     progress(f"training byte-level BPE tokenizer (vocab {VOCAB_SIZE})")
@@ -118,12 +120,13 @@ def train_tokenizer(progress=print):
         show_progress=False,
     )
     tok.train_from_iterator(synthetic_corpus(), trainer)
+    tok.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in TOOL_CALL_TAGS])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<s>",
         eos_token="<|im_end|>",
         pad_token="<pad>",
-        additional_special_tokens=["<|im_start|>", "</s>", "<tool_call>", "</tool_call>"],
+        additional_special_tokens=["<|im_start|>", "</s>"],
         chat_template=CHAT_TEMPLATE,
         model_max_length=2048,
     )

@@ -20,7 +20,7 @@ from .triton_client import GenerationRequest
 UINT64_MAX = (1 << 64) - 1
 INT32_MAX = 2147483647
 MAX_TEXT_CHARS = 4 * 1024 * 1024
-SPEC_FINISH = {"end_id": "eos_token", STOP_STRING: "stop_sequence", "length": "length"}
+SPEC_FINISH = {"end_id": "eos_token", STOP_STRING: "stop_sequence", "stop_words": "stop_sequence", "length": "length"}
 
 
 class Parameters(BaseModel):
@@ -55,22 +55,19 @@ class GenerateRequest(BaseModel):
         if not 0 < len(self.text_input) <= MAX_TEXT_CHARS:
             raise APIError(400, f"text_input must have 1 to {MAX_TEXT_CHARS} characters", "text_input")
         p = self.parameters
-        for name, unsupported in (
-            ("parameters.repetition_penalty", p.repetition_penalty != 1.0),
-            ("parameters.typical_p", p.typical_p is not None),
-            ("parameters.watermark", p.watermark),
-        ):
-            if unsupported:
-                raise APIError(400, f"{name} is not supported by this server yet", name)
         # do_sample false, or not given with no sampling field set, decodes greedily.
         fields = p.model_fields_set
-        sample = p.do_sample if p.do_sample is not None else bool(fields & {"temperature", "top_k", "top_p", "seed"})
+        sampling_fields = {"temperature", "top_k", "top_p", "typical_p", "seed"}
+        sample = p.do_sample if p.do_sample is not None else bool(fields & sampling_fields)
         request = GenerationRequest(
             max_tokens=p.max_new_tokens,
             text=self.text_input,
             temperature=p.temperature if sample else 0.0,
             top_k=p.top_k if sample else None,
             top_p=p.top_p if sample else None,
+            typical_p=p.typical_p if sample else None,
+            repetition_penalty=p.repetition_penalty,
+            watermark=p.watermark or None,
             seed=p.seed,
             priority=p.priority,
             timeout_ms=p.timeout * 1000,
@@ -94,7 +91,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
     @router.post("/v2/models/{model}/generate_stream")
     async def generate_stream(request: Request, model: str, body: GenerateBody) -> StreamingResponse:
         gen = prepare(model, body)
-        events = Events(model, body, gen)
+        events = Events(model, body, gen, settings.full_text_enabled)
         pieces = generate(request.app.state.triton, gen, [])
         return StreamingResponse(events.stream(pieces), media_type="text/event-stream")
 
@@ -123,27 +120,39 @@ def _event_line(payload: dict) -> str:
 class Events:
     """Builds the spec's events: id, model_name, model_version, text_output, details, prefill/decode time."""
 
-    def __init__(self, model: str, body: GenerateRequest, gen: GenerationRequest) -> None:
+    def __init__(self, model: str, body: GenerateRequest, gen: GenerationRequest, full_text: bool = False) -> None:
         self.model = model
         self.details = body.parameters.details
+        self.perf_stat = body.parameters.perf_stat
+        self.full_text = full_text  # each event carries the whole text so far
+        self.text = ""
         self.id = gen.request_id
         self.start = time.monotonic()
         self.previous: float | None = None
+        self.first_token_ms: float | None = None
+        self.decode_ms = 0.0
 
     def event(self, text: str, piece: Piece) -> dict:
         now = time.monotonic()
         first = self.previous is None
         elapsed_ms = round((now - (self.start if first else self.previous)) * 1000, 3)
         self.previous = now
-        out: dict[str, Any] = {"id": self.id, "model_name": self.model, "model_version": None, "text_output": text}
+        if first:
+            self.first_token_ms = elapsed_ms
+        else:
+            self.decode_ms += elapsed_ms
+        self.text += text
+        output = self.text if self.full_text else text
+        out: dict[str, Any] = {"id": self.id, "model_name": self.model, "model_version": None, "text_output": output}
         if self.details:
             details: dict[str, Any] = {}
             if piece.finish_reason:
                 details["finish_reason"] = SPEC_FINISH[piece.finish_reason]
             details.update(
                 generated_tokens=piece.chunk.num_output_tokens,
-                first_token_cost=None,
-                decode_cost=None,
+                # perf_stat: the first token's latency and the decoding time so far, in milliseconds
+                first_token_cost=self.first_token_ms if self.perf_stat else None,
+                decode_cost=round(self.decode_ms, 3) if self.perf_stat else None,
                 batch_size=piece.chunk.batch_size,
                 queue_wait_time=piece.chunk.queue_wait_us,
             )

@@ -22,34 +22,61 @@ T = TypeVar("T")
 @dataclass
 class Piece:
     text: str
-    finish_reason: str | None  # set on the last piece: end_id, length or stop_string
-    chunk: Chunk  # token counts, batch size and queue wait as of this piece
+    finish_reason: str | None  # set on a sample's last piece: end_id, length, stop_words or stop_string
+    chunk: Chunk  # the sample index, token counts, log-probs, batch size and queue wait as of this piece
+    stop: str | int | None = None  # the stop string or stop token id that ended the sample
+
+    @property
+    def index(self) -> int:
+        return self.chunk.index
 
 
-async def generate(client: TritonLLMClient, request: GenerationRequest, stop: list[str]) -> AsyncIterator[Piece]:
-    """Yields text pieces; leaving early (stop string, caller gone) ends the generation in Triton too."""
-    matcher = StopStringMatcher(stop)
+async def generate(
+    client: TritonLLMClient, request: GenerationRequest, stop: list[str], include_stop: bool = False
+) -> AsyncIterator[Piece]:
+    """Yields text pieces of every sample; leaving early (stop strings, caller gone) ends the generation in
+    Triton too. A sample that meets a stop string ends there (with the string itself if `include_stop`)."""
+    matchers: dict[int, StopStringMatcher] = {}
+    done: set[int] = set()
     try:
         async with aclosing(client.generate(request)) as chunks:
             async for chunk in chunks:
+                if chunk.index in done:
+                    continue  # a sample already ended by a stop string, which the engine does not know of
+                matcher = matchers.setdefault(chunk.index, StopStringMatcher(stop))
                 text = matcher.feed(chunk.text)
-                if matcher.matched is not None:
-                    yield Piece(text, STOP_STRING, chunk)
-                    return
                 if chunk.finish_reason == "timeout":
                     raise APIError(408, f"the request timed out after {chunk.num_output_tokens} tokens", "timeout")
                 if chunk.finish_reason in ("cancelled", "error"):
                     raise APIError(500, f"generation ended early: {chunk.finish_reason}")
-                if chunk.finish_reason:
-                    yield Piece(text + matcher.flush(), chunk.finish_reason, chunk)
-                    return
-                yield Piece(text, None, chunk)
+                if matcher.matched is not None:
+                    piece = Piece(text + (matcher.matched if include_stop else ""), STOP_STRING, chunk, matcher.matched)
+                elif chunk.finish_reason:
+                    stop_token = chunk.stop_token if chunk.stop_token >= 0 else None
+                    piece = Piece(text + matcher.flush(), chunk.finish_reason, chunk, stop_token)
+                else:
+                    piece = Piece(text, None, chunk)
+                yield piece
+                if piece.finish_reason:
+                    done.add(chunk.index)
+                    if len(done) == request.num_finals:
+                        return
     except TritonRequestError as e:
-        raise APIError(400, str(e), _param_named_in(str(e))) from e
+        status = 429 if "overloaded" in str(e) else 400
+        raise APIError(status, str(e), _param_named_in(str(e))) from e
 
 
 def _param_named_in(message: str) -> str | None:
-    for name in ("text_input", "max_tokens", "chat_messages", "chat_tools", "input_ids", "temperature", "top_k"):
+    for name in (
+        "text_input",
+        "max_tokens",
+        "chat_messages",
+        "chat_tools",
+        "input_ids",
+        "temperature",
+        "top_k",
+        "guided_decoding_guide",
+    ):
         if name in message:
             return name
     return None

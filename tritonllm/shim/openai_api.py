@@ -2,50 +2,67 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .errors import APIError
+from ..tokenizer.stop_strings import StopStringMatcher
+from .errors import APIError, json_body
 from .generation import STOP_STRING, Piece, generate, until_disconnected
 from .settings import ShimSettings
-from .triton_client import GenerationRequest
+from .tools import OPEN, forcing_grammar, parse_tool_calls
+from .triton_client import GenerationRequest, TokenLogprob
 
 UINT64_MAX = (1 << 64) - 1
-OPENAI_FINISH = {"end_id": "stop", STOP_STRING: "stop", "length": "length"}
-# Fields of the spec that this server does not honour yet: refused rather than silently ignored.
-NOT_YET = (
-    "presence_penalty", "frequency_penalty", "repetition_penalty", "stop_token_ids", "include_stop_str_in_output",
-    "skip_special_tokens", "ignore_eos", "logprobs", "top_logprobs", "tools", "tool_choice", "response_format",
-    "best_of", "use_beam_search", "echo", "suffix",
-)  # fmt: skip
+INT32_MAX = 2147483647
+MAX_TEXT_CHARS = 4 * 1024 * 1024  # the specs' limit on a request's text
+MAX_TOOLS = 32
+OPENAI_FINISH = {"end_id": "stop", STOP_STRING: "stop", "stop_words": "stop", "length": "length"}
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool | None = False
 
 
 class SamplingFields(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """What chat and completions share; ranges as the spec pages give them."""
+
+    model_config = ConfigDict(extra="forbid")
 
     model: str
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: Annotated[int, Field(gt=0, le=INT32_MAX)] | None = None
     temperature: Annotated[float, Field(ge=0.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     top_k: int | None = None
     seed: Annotated[int, Field(ge=0, le=UINT64_MAX)] | None = None
     stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool | None = False
+    skip_special_tokens: bool | None = True
+    ignore_eos: bool | None = False
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=2.0)] | None = None
     stream: bool | None = False
-    n: Annotated[int, Field(ge=1)] | None = 1
+    stream_options: StreamOptions | None = None
+    n: Annotated[int, Field(ge=1, le=128)] | None = 1
     user: str | None = None
 
     @field_validator("top_k")
     @classmethod
     def _top_k(cls, v: int | None) -> int | None:
-        if v is not None and v != -1 and not 0 < v <= 2147483647:
+        if v is not None and v != -1 and not 0 < v <= INT32_MAX:
             raise ValueError("top_k must be -1 or in (0, 2147483647]")
         return v
 
@@ -57,16 +74,12 @@ class SamplingFields(BaseModel):
             raise ValueError("stop strings must be non-empty and 32768 characters at most in total")
         return stops
 
-    def check_supported(self) -> None:
-        extras = self.model_extra or {}
-        for name in NOT_YET:
-            if extras.get(name) not in (None, False):
-                raise APIError(400, f"{name} is not supported by this server yet", name)
-        if self.n not in (None, 1):
-            raise APIError(400, "n > 1 is not supported by this server yet", "n")
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stop_token_ids(cls, v):
+        return None if v is None else [t for t in v if -(2**31) <= t < 2**31]  # the spec ignores the rest
 
     def generation_request(self, default_max_tokens: int, **content: Any) -> GenerationRequest:
-        self.check_supported()
         top_k = None if self.top_k is None else (0 if self.top_k == -1 else self.top_k)
         return GenerationRequest(
             max_tokens=self.max_tokens or default_max_tokens,
@@ -75,20 +88,23 @@ class SamplingFields(BaseModel):
             top_k=top_k,
             top_p=self.top_p,
             seed=self.seed,
-            stream=bool(self.stream),
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            stop_token_ids=self.stop_token_ids or None,
+            include_stop_str_in_output=bool(self.include_stop_str_in_output),
+            skip_special_tokens=self.skip_special_tokens is not False,
+            ignore_eos=bool(self.ignore_eos),
+            num_samples=self.n or 1,
+            stream=True,  # even for a whole answer: the tokens' arrival times give decode_time_arr
             **content,
         )
 
 
-class StreamOptions(BaseModel):
-    include_usage: bool | None = False
-
-
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
     role: Literal["system", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
 
@@ -104,41 +120,215 @@ class ChatMessage(BaseModel):
             content = "".join(str(part.get("text", "")) for part in content)
         if not content and not (self.role == "assistant" and self.tool_calls):
             raise APIError(400, f"{field} must not be empty", field)
-        out: dict[str, Any] = {"role": self.role, "content": content}
+        out: dict[str, Any] = {"role": self.role, "content": content or ""}
         if self.tool_calls:
-            out["tool_calls"] = self.tool_calls
+            for call in self.tool_calls:
+                function = call.get("function") or {}
+                if not isinstance(function.get("name"), str) or not isinstance(function.get("arguments"), str):
+                    raise APIError(400, f"messages.{index}.tool_calls: each needs function.name and arguments")
+            # The template renders arguments as an object; OpenAI sends them as a JSON string.
+            out["tool_calls"] = [
+                {**c, "function": {**c["function"], "arguments": _json_or_text(c["function"]["arguments"])}}
+                for c in self.tool_calls
+            ]
         if self.tool_call_id:
             out["tool_call_id"] = self.tool_call_id
         return out
 
 
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+class FunctionObject(BaseModel):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = False
+
+
+class ToolObject(BaseModel):
+    type: Literal["function"]
+    function: FunctionObject
+
+
+class JsonSchemaObject(BaseModel):
+    name: str
+    description: str | None = None
+    schema_: Annotated[dict[str, Any], Field(alias="schema")]
+    strict: bool | None = False
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaObject | None = None
+
+
 class ChatRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    stream_options: StreamOptions | None = None
+    logprobs: bool | None = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    tools: Annotated[list[ToolObject], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
+
+    def forced_tools(self) -> tuple[list[dict], bool] | None:
+        """The functions a call must be made to, and whether several calls may follow; None when not forced."""
+        choice = self.tool_choice
+        functions = [t.function.model_dump(exclude_none=True) for t in self.tools or []]
+        if choice == "required":
+            if not functions:
+                raise APIError(400, "tool_choice 'required' needs tools", "tool_choice")
+            return functions, True
+        if isinstance(choice, dict):
+            name = (choice.get("function") or {}).get("name")
+            named = [f for f in functions if f["name"] == name]
+            if choice.get("type") != "function" or not named:
+                raise APIError(400, f"tool_choice names no function among tools: {name!r}", "tool_choice")
+            return named, False
+        return None
+
+    def tools_active(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def guide(self) -> tuple[str, str] | None:
+        forced = self.forced_tools()
+        if forced is not None:
+            if self.response_format and self.response_format.type != "text":
+                raise APIError(400, "response_format cannot be combined with a forced tool_choice", "response_format")
+            return "lark", forcing_grammar(*forced)
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return "json", ""
+        if fmt.json_schema is None:
+            raise APIError(400, "response_format.json_schema is required for type json_schema", "response_format")
+        return "json_schema", json.dumps(fmt.json_schema.schema_)
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str]
-    stream_options: StreamOptions | None = None
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
+    echo: bool | None = False
+    suffix: str | None = None
+    best_of: Annotated[int, Field(ge=1, le=128)] | None = None
+    use_beam_search: bool | None = False
+    error_behavior: Literal["truncate", "error"] | None = "error"
+    use_raw_prompt: bool | None = False
 
     @field_validator("prompt")
     @classmethod
     def _prompt(cls, v):
         prompts = [v] if isinstance(v, str) else v
-        if len(prompts) != 1:
-            raise ValueError("one prompt per request is supported so far")
-        if not prompts[0]:
-            raise ValueError("prompt must not be empty")
-        return prompts[0]
+        if not prompts or any(not p for p in prompts):
+            raise ValueError("prompt must be a non-empty string or a list of non-empty strings")
+        return prompts
+
+    def check(self) -> None:
+        """The completions page's rules for n, best_of and beam search."""
+        n, best_of = self.n or 1, self.best_of
+        if self.use_beam_search:
+            if self.stop:
+                raise APIError(400, "use_beam_search cannot be combined with stop", "use_beam_search")
+            return
+        sampling = self.temperature is None or self.temperature > 0
+        if (n > 1 or (best_of or 1) > 1) and not sampling:
+            raise APIError(400, "n and best_of > 1 need temperature > 0", "temperature")
+        if self.stream and best_of is not None and best_of != n:
+            raise APIError(400, "when streaming, best_of must equal n", "best_of")
+        if best_of is not None and best_of < n:
+            raise APIError(400, f"best_of ({best_of}) must be >= n ({n})", "best_of")
 
 
-def _usage(piece: Piece) -> dict:
-    prompt, completion = piece.chunk.num_input_tokens, piece.chunk.num_output_tokens
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+@dataclass
+class Choice:
+    """What one choice has gathered: its text, end, log-probs and timings."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    stop: str | int | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    arrivals: list[float] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=list)
+    queue_waits: list[int] = field(default_factory=list)
+
+    def add(self, piece: Piece) -> None:
+        chunk = piece.chunk
+        self.text += piece.text
+        self.logprobs += chunk.logprobs
+        self.prompt_tokens, self.completion_tokens = chunk.num_input_tokens, chunk.num_output_tokens
+        self.arrivals.append(chunk.arrived)
+        # Per token: the batch it was generated in, and the time it waited in the queue (only the first did).
+        for _ in range(max(chunk.num_tokens, 1)):
+            self.batch_sizes.append(chunk.batch_size)
+            self.queue_waits.append(0 if len(self.queue_waits) else chunk.queue_wait_us)
+        if piece.finish_reason:
+            self.finish_reason, self.stop = piece.finish_reason, piece.stop
+
+    @property
+    def cum_logprob(self) -> float:
+        return sum(t.logprob for t in self.logprobs)
 
 
 def _sse(payload: dict | str) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+async def _pieces(client, gens: list[GenerationRequest], stops: list[str], include_stop: bool, per: int):
+    """(choice index, piece) from several generations at once; choice = generation * `per` + sample index."""
+    if len(gens) == 1:
+        async with aclosing(generate(client, gens[0], stops, include_stop)) as pieces:
+            async for piece in pieces:
+                for one in _beams_of(piece):
+                    yield one.index, one
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, gen: GenerationRequest) -> None:
+        try:
+            async for piece in generate(client, gen, stops, include_stop):
+                for one in _beams_of(piece):
+                    await queue.put((i * per + one.index, one))
+        except APIError as e:
+            await queue.put(e)
+        finally:
+            await queue.put(None)
+
+    tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        running = len(tasks)
+        while running:
+            item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, APIError):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def _beams_of(piece: Piece) -> list[Piece]:
+    """A beam search's final piece holds every beam's text: one piece per beam, as if they were samples."""
+    texts = piece.chunk.texts
+    if len(texts) == 1:
+        return [piece]
+    return [
+        dataclasses.replace(
+            piece,
+            text=text,
+            chunk=dataclasses.replace(piece.chunk, texts=[text], index=j, logprobs=[] if j else piece.chunk.logprobs),
+        )
+        for j, text in enumerate(texts)
+    ]
 
 
 def build_router(settings: ShimSettings) -> APIRouter:
@@ -150,20 +340,25 @@ def build_router(settings: ShimSettings) -> APIRouter:
                 404, f"model {name!r} does not exist; this server has {settings.served_model_name!r}", "model"
             )
 
-    async def run(request: Request, body: SamplingFields, gen: GenerationRequest, render) -> Any:
+    async def run(request: Request, body: SamplingFields, gens: list[GenerationRequest], render: _Render) -> Any:
         client = request.app.state.triton
-        stops = body.stop or []
-        if body.stream:
-            return StreamingResponse(render.stream(generate(client, gen, stops)), media_type="text/event-stream")
+        include = bool(body.include_stop_str_in_output)
+        per = gens[0].num_samples
+        if body.stream and not render.whole_only:
+            pieces = _pieces(client, gens, body.stop or [], include, per)
+            return StreamingResponse(render.stream(pieces), media_type="text/event-stream")
 
-        async def collect() -> tuple[str, Piece]:
-            text, last = "", None
-            async for piece in generate(client, gen, stops):
-                text, last = text + piece.text, piece
-            return text, last
+        async def collect() -> list[Choice]:
+            choices = [Choice() for _ in range(len(gens) * per)]
+            async with aclosing(_pieces(client, gens, body.stop or [], include, per)) as pieces:
+                async for index, piece in pieces:
+                    choices[index].add(piece)
+            return choices
 
-        text, last = await until_disconnected(request, collect())
-        return JSONResponse(render.whole(text, last))
+        choices = await until_disconnected(request, collect())
+        if body.stream:  # beam search streams "fake": every choice in one event
+            return StreamingResponse(render.whole_stream(choices), media_type="text/event-stream")
+        return JSONResponse(render.whole(choices))
 
     @router.get("/v1/models")
     async def models() -> dict:
@@ -180,30 +375,76 @@ def build_router(settings: ShimSettings) -> APIRouter:
         }
 
     @router.post("/v1/chat/completions")
-    async def chat(request: Request, body: ChatRequest) -> Any:
+    async def chat(request: Request, body: ChatBody) -> Any:
         check_model(body.model)
         messages = [m.rendered(i) for i, m in enumerate(body.messages)]
-        gen = body.generation_request(settings.default_max_tokens, messages=messages)
-        return await run(request, body, gen, ChatRender(body))
+        _check_size(sum(len(m["content"]) for m in messages), "messages")
+        if body.top_logprobs and not body.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+        gen = body.generation_request(
+            settings.default_max_tokens,
+            messages=messages,
+            tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
+            guide=body.guide(),
+            logprobs=bool(body.logprobs) or None,
+            top_logprobs=body.top_logprobs if body.logprobs else None,
+        )
+        return await run(request, body, [gen], ChatRender(body, settings))
 
     @router.post("/v1/completions")
-    async def completions(request: Request, body: CompletionRequest) -> Any:
+    async def completions(request: Request, body: CompletionBody) -> Any:
         check_model(body.model)
-        gen = body.generation_request(16, text=body.prompt)
-        return await run(request, body, gen, CompletionRender(body))
+        body.check()
+        _check_size(sum(len(p) for p in body.prompt), "prompt")
+        gens = []
+        for prompt in body.prompt:
+            gen = body.generation_request(
+                settings.default_max_tokens,
+                text=prompt,
+                use_raw_prompt=bool(body.use_raw_prompt) or None,
+                truncate_prompt=body.error_behavior == "truncate" or None,
+            )
+            n = body.n or 1
+            if body.use_beam_search:
+                gen.beam_width, gen.num_samples, gen.temperature = max(n, body.best_of or n, 2), n, None
+            elif (body.best_of or n) > n:
+                gen.num_samples, gen.logprobs = body.best_of, True  # the best n by cumulative log-prob
+            if body.logprobs is not None:
+                gen.logprobs, gen.top_logprobs = True, body.logprobs
+            gens.append(gen)
+        return await run(request, body, gens, CompletionRender(body, settings))
 
     return router
+
+
+def _check_size(chars: int, field_name: str) -> None:
+    if chars > MAX_TEXT_CHARS:
+        raise APIError(413, f"{field_name} has {chars} characters; at most {MAX_TEXT_CHARS} (4 MB) are allowed")
+
+
+ChatBody = Annotated[ChatRequest, Depends(json_body(ChatRequest))]
+CompletionBody = Annotated[CompletionRequest, Depends(json_body(CompletionRequest))]
+
+
+def _usage(choices: list[Choice], prompts: int = 1) -> dict:
+    per = max(len(choices) // prompts, 1)
+    prompt = sum(c.prompt_tokens for c in choices[::per])
+    completion = sum(c.completion_tokens for c in choices)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 class _Render:
     object_whole: str
     object_chunk: str
     prefix: str
+    whole_only = False  # True: even a streaming request gets all choices at once
 
-    def __init__(self, body: SamplingFields) -> None:
+    def __init__(self, body: SamplingFields, settings: ShimSettings) -> None:
         self.body = body
+        self.full_text = settings.full_text_enabled
         self.id = f"{self.prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
+        self.start = time.monotonic()
 
     def envelope(self, obj: str, choices: list, **extra) -> dict:
         return {
@@ -216,60 +457,198 @@ class _Render:
         }
 
     def include_usage(self) -> bool:
-        options = getattr(self.body, "stream_options", None)
+        options = self.body.stream_options
         return bool(options and options.include_usage)
 
-    async def stream(self, pieces: AsyncIterator[Piece]) -> AsyncIterator[str]:
-        for first in self.opening():
-            yield _sse(first)
-        last = None
+    def timings(self, choice: Choice) -> dict:
+        """The spec's prefill_time (first token) and decode_time_arr (between tokens), in milliseconds."""
+        times = [self.start, *choice.arrivals]
+        gaps = [round((b - a) * 1000, 3) for a, b in zip(times, times[1:], strict=False)]
+        return {"prefill_time": gaps[0] if gaps else None, "decode_time_arr": gaps[1:]}
+
+    async def stream(self, pieces) -> AsyncIterator[str]:
+        choices: dict[int, Choice] = {}
         try:
             async with aclosing(pieces):
-                async for piece in pieces:
-                    last = piece
-                    finish = OPENAI_FINISH[piece.finish_reason] if piece.finish_reason else None
-                    if piece.text or finish:
-                        yield _sse(self.envelope(self.object_chunk, [self.delta(piece.text, finish)]))
+                async for index, piece in pieces:
+                    if index not in choices:
+                        choices[index] = Choice()
+                        for opening in self.opening(index):
+                            yield _sse(opening)
+                    choice = choices[index]
+                    choice.add(piece)
+                    for event in self.events(index, piece, choice):
+                        yield _sse(event)
         except APIError as e:
             yield _sse(e.body())
             return
-        if last is not None and self.include_usage():
-            yield _sse(self.envelope(self.object_chunk, [], usage=_usage(last)))
+        ordered = [choices[i] for i in sorted(choices)]
+        if ordered and self.include_usage():
+            yield _sse(self.envelope(self.object_chunk, [], usage=self.usage(ordered)))
         yield _sse("[DONE]")
 
-    def opening(self) -> list[dict]:
-        return []
+    async def whole_stream(self, choices: list[Choice]) -> AsyncIterator[str]:
+        yield _sse({**self.whole(choices), "object": self.object_chunk})
+        yield _sse("[DONE]")
 
-    def whole(self, text: str, last: Piece) -> dict:
-        return self.envelope(
-            self.object_whole, [self.choice(text, OPENAI_FINISH[last.finish_reason])], usage=_usage(last)
-        )
+    def usage(self, choices: list[Choice]) -> dict:
+        return _usage(choices)
+
+    def opening(self, index: int) -> list[dict]:
+        return []
 
 
 class ChatRender(_Render):
     object_whole, object_chunk, prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
 
-    def opening(self) -> list[dict]:
-        delta = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-        return [self.envelope(self.object_chunk, [delta])]
+    def __init__(self, body: ChatRequest, settings: ShimSettings) -> None:
+        super().__init__(body, settings)
+        self.tools = body.tools_active()
+        self.held: dict[int, StopStringMatcher] = {}  # content streams until a tool call opens
 
-    def delta(self, text: str, finish: str | None) -> dict:
-        return {"index": 0, "delta": {"content": text} if text else {}, "logprobs": None, "finish_reason": finish}
+    def opening(self, index: int) -> list[dict]:
+        delta = {"role": "assistant", "content": ""}
+        return [
+            self.envelope(
+                self.object_chunk, [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]
+            )
+        ]
 
-    def choice(self, text: str, finish: str) -> dict:
+    def events(self, index: int, piece: Piece, choice: Choice) -> list[dict]:
+        text = piece.text
+        if self.tools:
+            matcher = self.held.setdefault(index, StopStringMatcher([OPEN]))
+            text = matcher.feed(text) if not piece.finish_reason else matcher.feed(text) + matcher.flush()
+            if matcher.matched is not None:
+                text = ""  # the rest is a tool call, sent whole at the end
+        delta: dict[str, Any] = {}
+        if self.full_text and (text or piece.finish_reason):
+            delta["content"] = choice.text
+        elif text:
+            delta["content"] = text
+        finish = OPENAI_FINISH[piece.finish_reason] if piece.finish_reason else None
+        if piece.finish_reason and self.tools:
+            content, calls = parse_tool_calls(choice.text)
+            if calls:
+                delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
+                finish = "tool_calls"
+        if not delta and not finish and not piece.chunk.logprobs:
+            return []
+        out = {"index": index, "delta": delta, "logprobs": self.logprobs(piece.chunk.logprobs), "finish_reason": finish}
+        extra: dict[str, Any] = {}
+        if finish and self.full_text:
+            extra["full_text"] = choice.text
+        if finish and not self.include_usage():
+            extra["usage"] = _usage([choice])
+        return [self.envelope(self.object_chunk, [out], **extra)]
+
+    def logprobs(self, tokens) -> dict | None:
+        if not self.body.logprobs:
+            return None
+
+        def entry(token: str, logprob: float) -> dict:
+            return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
         return {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None,
-            "finish_reason": finish,
+            "content": [
+                {**entry(t.token, t.logprob), "top_logprobs": [entry(tok, lp) for tok, lp in t.top]} for t in tokens
+            ]
         }
+
+    def whole(self, choices: list[Choice]) -> dict:
+        out = []
+        for index, choice in enumerate(choices):
+            message: dict[str, Any] = {"role": "assistant", "content": choice.text}
+            finish = OPENAI_FINISH[choice.finish_reason]
+            if self.tools:
+                content, calls = parse_tool_calls(choice.text)
+                if calls:
+                    message, finish = {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+            out.append(
+                {
+                    "index": index,
+                    "message": message,
+                    "logprobs": self.logprobs(choice.logprobs),
+                    "finish_reason": finish,
+                }
+            )
+        return self.envelope(self.object_whole, out, usage=_usage(choices), **self.timings(choices[0]))
 
 
 class CompletionRender(_Render):
     object_whole, object_chunk, prefix = "text_completion", "text_completion", "cmpl"
 
-    def delta(self, text: str, finish: str | None) -> dict:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    def __init__(self, body: CompletionRequest, settings: ShimSettings) -> None:
+        super().__init__(body, settings)
+        self.whole_only = bool(body.use_beam_search)
+        self.per = body.n or 1
+        self.offsets: dict[int, int] = {}
 
-    def choice(self, text: str, finish: str) -> dict:
-        return self.delta(text, finish)
+    def prompt_of(self, index: int) -> str:
+        return self.body.prompt[index // self.per]
+
+    def events(self, index: int, piece: Piece, choice: Choice) -> list[dict]:
+        text = piece.text
+        if self.body.echo and index not in self.offsets:
+            text = self.prompt_of(index) + text
+        if piece.finish_reason and self.body.suffix:
+            text += self.body.suffix
+        if self.full_text:
+            text = (self.prompt_of(index) if self.body.echo else "") + choice.text
+        if not text and not piece.finish_reason:
+            return []
+        out = {
+            "index": index,
+            "text": text,
+            "logprobs": self.logprobs(index, piece.chunk.logprobs),
+            "finish_reason": OPENAI_FINISH[piece.finish_reason] if piece.finish_reason else None,
+            "stop_reason": piece.stop,
+        }
+        extra = {"usage": self.usage([choice])} if piece.finish_reason and not self.include_usage() else {}
+        return [self.envelope(self.object_chunk, [out], **extra)]
+
+    def usage(self, choices: list[Choice]) -> dict:
+        longest = max(choices, key=lambda c: len(c.batch_sizes))
+        return {
+            **_usage(choices, len(self.body.prompt)),
+            "batch_size": longest.batch_sizes,
+            "queue_wait_time": longest.queue_waits,
+        }
+
+    def logprobs(self, index: int, tokens) -> dict | None:
+        if self.body.logprobs is None:
+            return None
+        offset = self.offsets.setdefault(index, len(self.prompt_of(index)) if self.body.echo else 0)
+        offsets = []
+        for t in tokens:
+            offsets.append(offset)
+            offset += len(t.token)
+        self.offsets[index] = offset
+        return {
+            "text_offset": offsets,
+            "token_logprobs": [t.logprob for t in tokens],
+            "tokens": [t.token for t in tokens],
+            "top_logprobs": [dict(t.top) for t in tokens] if self.body.logprobs else None,
+        }
+
+    def whole(self, choices: list[Choice]) -> dict:
+        n, per_prompt = self.body.n or 1, len(choices) // len(self.body.prompt)
+        chosen = []
+        for p in range(len(self.body.prompt)):
+            group = choices[p * per_prompt : (p + 1) * per_prompt]
+            if per_prompt > n:  # best_of: the n with the highest cumulative log-probability
+                group = sorted(group, key=lambda c: -c.cum_logprob)[:n]
+            chosen += group
+        out = []
+        for index, choice in enumerate(chosen):
+            prompt = self.body.prompt[index // n] if self.body.echo else ""
+            out.append(
+                {
+                    "index": index,
+                    "text": prompt + choice.text + (self.body.suffix or ""),
+                    "logprobs": self.logprobs(index, choice.logprobs),
+                    "finish_reason": OPENAI_FINISH[choice.finish_reason],
+                    "stop_reason": choice.stop,
+                }
+            )
+        return self.envelope(self.object_whole, out, usage=self.usage(chosen), **self.timings(chosen[0]))

@@ -10,5 +10,7 @@ from dataclasses import dataclass, field
 class ShimSettings:
     triton_grpc_url: str = "127.0.0.1:8001"
     served_model_name: str = "small"
-    default_max_tokens: int = 256  # chat requests that give no max_tokens
+    default_max_tokens: int = 256  # requests that give no max_tokens
+    # fullTextEnabled in the specs: each streamed event carries the whole text so far
+    full_text_enabled: bool = False
     started: int = field(default_factory=lambda: int(time.time()))

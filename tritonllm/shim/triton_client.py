@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -27,6 +28,8 @@ class TritonRequestError(Exception):
 
 @dataclass
 class GenerationRequest:
+    """One generation as the ensemble's tensors; None leaves a tensor out (the ensemble's default)."""
+
     max_tokens: int
     text: str | None = None
     messages: list[dict] | None = None
@@ -34,11 +37,32 @@ class GenerationRequest:
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
+    typical_p: float | None = None
     seed: int | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    watermark: bool | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    ignore_eos: bool | None = None
+    use_raw_prompt: bool | None = None
+    truncate_prompt: bool | None = None
+    num_samples: int = 1  # samples of the prompt (num_return_sequences)
+    beam_width: int = 1  # > 1: beam search; num_samples best beams come back
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    guide: tuple[str, str] | None = None  # (guided_decoding_guide_type, guided_decoding_guide)
     priority: int | None = None  # 1 highest .. 5 lowest
     timeout_ms: int | None = None  # the engine ends the generation with finish reason "timeout"
     stream: bool = True
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    @property
+    def num_finals(self) -> int:
+        """Responses with a finish reason before the request is done: one per sample, one for all beams."""
+        return 1 if self.beam_width > 1 else self.num_samples
 
     def inputs(self) -> list[grpcclient.InferInput]:
         tensors: list[tuple[str, str, np.ndarray]] = [
@@ -51,41 +75,100 @@ class GenerationRequest:
                 tensors.append(("chat_tools", "BYTES", _bytes(json.dumps(self.tools))))
         else:
             tensors.append(("text_input", "BYTES", _bytes(self.text or "")))
+        beams = self.beam_width > 1
         optional = [
             ("temperature", "FP32", np.float32, self.temperature),
             ("top_k", "INT32", np.int32, self.top_k),
             ("top_p", "FP32", np.float32, self.top_p),
+            ("typical_p", "FP32", np.float32, self.typical_p),
             ("random_seed", "UINT64", np.uint64, self.seed),
+            ("repetition_penalty", "FP32", np.float32, self.repetition_penalty),
+            ("presence_penalty", "FP32", np.float32, self.presence_penalty),
+            ("frequency_penalty", "FP32", np.float32, self.frequency_penalty),
+            ("watermark", "BOOL", bool, self.watermark),
+            ("include_stop_str_in_output", "BOOL", bool, self.include_stop_str_in_output),
+            ("skip_special_tokens", "BOOL", bool, self.skip_special_tokens),
+            ("ignore_eos", "BOOL", bool, self.ignore_eos),
+            ("use_raw_prompt", "BOOL", bool, self.use_raw_prompt),
+            ("truncate_prompt", "BOOL", bool, self.truncate_prompt),
+            ("num_return_sequences", "INT32", np.int32, self.num_samples if self.num_samples > 1 else None),
+            ("beam_width", "INT32", np.int32, self.beam_width if beams else None),
+            ("return_log_probs", "BOOL", bool, self.logprobs),
+            ("num_top_log_probs", "INT32", np.int32, self.top_logprobs or None),
             ("priority", "INT32", np.int32, self.priority),
             ("timeout_ms", "INT32", np.int32, self.timeout_ms),
         ]
         tensors += [
             (name, dt, np.array([[value]], dtype=np_t)) for name, dt, np_t, value in optional if value is not None
         ]
+        if self.stop_token_ids:
+            tensors.append(("stop_token_ids", "INT32", np.array([self.stop_token_ids], dtype=np.int32)))
+        if self.guide is not None:
+            tensors.append(("guided_decoding_guide_type", "BYTES", _bytes(self.guide[0])))
+            tensors.append(("guided_decoding_guide", "BYTES", _bytes(self.guide[1])))
         return [_infer_input(name, dt, array) for name, dt, array in tensors]
 
 
 @dataclass
+class TokenLogprob:
+    token: str
+    logprob: float
+    top: list[tuple[str, float]]  # the best alternatives, best first
+
+
+@dataclass
 class Chunk:
-    text: str
-    finish_reason: str  # "" until the last chunk
+    """One ensemble response: the new text of one sample (or every beam's whole text), and its counters."""
+
+    texts: list[str]  # one per beam; a sample's is texts[0]
+    finish_reason: str  # "" until the sample's last chunk
+    index: int  # which sample
     num_input_tokens: int
     num_output_tokens: int
     batch_size: int
     queue_wait_us: int
+    num_tokens: int  # tokens in this chunk
+    stop_token: int  # the stop_token_ids entry that ended it, else -1
+    logprobs: list[TokenLogprob]
+    arrived: float  # time.monotonic()
+
+    @property
+    def text(self) -> str:
+        return self.texts[0]
 
     @classmethod
     def from_result(cls, result) -> Chunk:
         def scalar(name: str):
             return result.as_numpy(name).reshape(-1)[0]
 
+        def strings(name: str) -> list[str]:
+            return [b.decode("utf-8", "replace") for b in result.as_numpy(name).reshape(-1)]
+
+        log_probs = result.as_numpy("output_log_probs").reshape(-1).tolist()
+        top = result.as_numpy("top_log_probs")[0]
+        top_texts = result.as_numpy("top_token_texts")[0]
+        tokens = strings("token_texts")
         return cls(
-            text=b"".join(result.as_numpy("text_output").reshape(-1)).decode("utf-8"),
+            texts=[b.decode("utf-8") for b in result.as_numpy("text_output").reshape(-1)],
             finish_reason=scalar("finish_reason").decode(),
+            index=int(scalar("sequence_index")),
             num_input_tokens=int(scalar("num_input_tokens")),
             num_output_tokens=int(scalar("num_output_tokens")),
             batch_size=int(scalar("batch_size")),
             queue_wait_us=int(scalar("queue_wait_us")),
+            num_tokens=result.as_numpy("output_ids").size,
+            stop_token=int(scalar("stop_token")),
+            logprobs=[
+                TokenLogprob(
+                    tokens[i],
+                    log_probs[i],
+                    [(t.decode("utf-8", "replace"), float(v)) for t, v in zip(top_texts[i], top[i], strict=True)]
+                    if i < len(top)
+                    else [],
+                )
+                for i in range(len(log_probs))
+            ],
+            arrived=time.monotonic(),
         )
 
 
@@ -117,13 +200,14 @@ class TritonLLMClient:
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         """Yields chunks until the one with a finish reason; ends the generation if the caller stops early."""
         stream = self._open(ENSEMBLE, request.inputs(), request.request_id)
-        done = False
+        done, finals = False, 0
         try:
             async for result, error in stream:
                 if error is not None:
                     raise TritonRequestError(error.message())
                 chunk = Chunk.from_result(result)
-                done = bool(chunk.finish_reason)
+                finals += bool(chunk.finish_reason)
+                done = finals == request.num_finals
                 yield chunk
                 if done:
                     return
