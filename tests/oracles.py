@@ -24,6 +24,37 @@ def greedy_text(hf_model, tokenizer, prompt_ids: list[int], max_new_tokens: int)
     return text_increment(tokenizer, prompt_ids[-CONTEXT_TOKENS:], ids, final=True), ids
 
 
+def beam_search(
+    hf_model,
+    prompt: list[int],
+    width: int,
+    max_new_tokens: int,
+    end_id: int,
+    length_penalty: float,
+    early_stopping=True,
+    bias: float = 0.0,
+) -> tuple[list[list[int]], list[float]]:
+    """generate(num_beams=width)'s beams (each cut after its end token) and their scores, best first.
+
+    `bias` is added to the end token's log-prob, so that beams end at different lengths."""
+    out = hf_model.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=max_new_tokens,
+        num_beams=width,
+        num_return_sequences=width,
+        length_penalty=length_penalty,
+        early_stopping=early_stopping,
+        do_sample=False,
+        eos_token_id=end_id,
+        pad_token_id=end_id,
+        sequence_bias={(end_id,): bias} if bias else None,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    beams = [row[len(prompt) :].tolist() for row in out.sequences]
+    return [b[: b.index(end_id) + 1] if end_id in b else b for b in beams], out.sequences_scores.tolist()
+
+
 def random_adapter(model, seed: int, rank: int = 4) -> tuple[np.ndarray, np.ndarray, dict]:
     """TensorRT-LLM-format lora_weights / lora_config for q, v and down projections of every layer."""
     g = torch.Generator().manual_seed(seed)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from oracles import greedy_ids, greedy_text, merged, prompt_tuned_greedy, random_adapter
+from oracles import beam_search, greedy_ids, greedy_text, merged, prompt_tuned_greedy, random_adapter
 from triton_helpers import Stream, metric, tensor, wait_for
 from tritonclient.utils import InferenceServerException
 
@@ -450,28 +450,10 @@ def test_lora_through_triton_equals_the_merged_weights(stream, hf_model):
         s.next()
 
 
-def hf_beam_search(hf_model, prompt: list[int], width: int, max_new_tokens: int, end_id: int, length_penalty: float):
-    out = hf_model.generate(
-        torch.tensor([prompt]),
-        max_new_tokens=max_new_tokens,
-        num_beams=width,
-        num_return_sequences=width,
-        length_penalty=length_penalty,
-        early_stopping=True,
-        do_sample=False,
-        eos_token_id=end_id,
-        pad_token_id=end_id,
-        output_scores=True,
-        return_dict_in_generate=True,
-    )
-    beams = [row[len(prompt) :].tolist() for row in out.sequences]
-    return [b[: b.index(end_id) + 1] if end_id in b else b for b in beams], out.sequences_scores.tolist()
-
-
 def test_llm_beam_search_equals_generate(stream, hf_model):
     prompt = [11, 250, 3000, 42, 7, 19]
     end_id = greedy_ids(hf_model, prompt, 4)[2]
-    beams, scores = hf_beam_search(hf_model, prompt, 3, 10, end_id, 0.8)
+    beams, scores = beam_search(hf_model, prompt, 3, 10, end_id, 0.8)
     s = stream()
     inputs = [
         *llm_inputs(prompt, 10),
@@ -494,7 +476,7 @@ def test_llm_beam_search_equals_generate(stream, hf_model):
 def test_ensemble_beam_search_returns_each_beam_as_text(stream, tokenizer, hf_model):
     prompt = "The quick brown fox"
     ids = tokenizer.encode(prompt)
-    beams, _ = hf_beam_search(hf_model, ids, 2, 8, tokenizer.eos_token_id, 1.0)
+    beams, _ = beam_search(hf_model, ids, 2, 8, tokenizer.eos_token_id, 1.0)
     s = stream()
     s.send("ensemble", [*ensemble_inputs(prompt, 8), tensor("beam_width", [[2]], "INT32")])
     (final,) = s.until_final()

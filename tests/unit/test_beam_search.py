@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from oracles import beam_search
 
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import FinishReason, Sequence
@@ -19,26 +20,8 @@ def end_id_and_bias(hf_model, prompt: list[int]) -> tuple[int, float]:
     return int(greedy[0, len(prompt) + 2]), 2.5
 
 
-def hf_beams(hf_model, prompt, end_id, bias, length_penalty, early_stopping, width=WIDTH):
-    out = hf_model.generate(
-        torch.tensor([prompt]),
-        max_new_tokens=NEW_TOKENS,
-        num_beams=width,
-        num_return_sequences=width,
-        length_penalty=length_penalty,
-        early_stopping=early_stopping,
-        do_sample=False,
-        eos_token_id=end_id,
-        pad_token_id=end_id,
-        sequence_bias={(end_id,): bias},
-        output_scores=True,
-        return_dict_in_generate=True,
-    )
-    beams = []
-    for row in out.sequences[:, len(prompt) :].tolist():
-        ended = row.index(end_id) + 1 if end_id in row else len(row)
-        beams.append(row[:ended])
-    return beams, out.sequences_scores.tolist()
+def hf_beams(hf_model, prompt, end_id, bias, length_penalty, early_stopping):
+    return beam_search(hf_model, prompt, WIDTH, NEW_TOKENS, end_id, length_penalty, early_stopping, bias)
 
 
 def beam_params(end_id, bias, length_penalty, early_stopping, vocab=4096) -> SamplingParams:
