@@ -56,3 +56,11 @@ def triton(tiny_model_dir, tmp_path_factory):
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def sentence_model():
+    """The packaged all-MiniLM-L6-v2 in sentence-transformers, the oracle of the embedding model."""
+    from tritonllm.embedding import SentenceEmbedder
+
+    return SentenceEmbedder().model

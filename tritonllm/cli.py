@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from .embedding import EMBEDDING_MODEL_DIR_ENV
 from .runtime.model_config import MODEL_DIR_ENV
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -58,7 +59,10 @@ def serve(args: argparse.Namespace) -> int:
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
         host=args.host,
-        env={MODEL_DIR_ENV: str(model_dir)},
+        env={MODEL_DIR_ENV: str(model_dir)}
+        | (
+            {EMBEDDING_MODEL_DIR_ENV: str(Path(args.embedding_model_dir).resolve())} if args.embedding_model_dir else {}
+        ),
     )
     started = time.monotonic()
     _progress(f"starting tritonserver on {args.host} (http {args.http_port}, grpc {args.grpc_port}) for {model_dir}")
@@ -70,6 +74,7 @@ def serve(args: argparse.Namespace) -> int:
         settings = ShimSettings(
             triton_grpc_url=server.grpc_url,
             served_model_name=args.served_model_name or model_dir.name,
+            embedding_model_name=args.embedding_model_name,
             default_max_tokens=args.default_max_tokens,
             full_text_enabled=args.full_text,
         )
@@ -96,6 +101,7 @@ def shim(args: argparse.Namespace) -> int:
     settings = ShimSettings(
         triton_grpc_url=args.triton_grpc_url,
         served_model_name=args.served_model_name,
+        embedding_model_name=args.embedding_model_name,
         default_max_tokens=args.default_max_tokens,
         full_text_enabled=args.full_text,
     )
@@ -118,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-dir", help=f"HF causal-LM directory (default: ${MODEL_DIR_ENV} or models/small)")
     p.add_argument("--model-repository", default=str(DEFAULT_REPOSITORY))
     p.add_argument("--served-model-name", help="name clients use (default: the model directory's name)")
+    p.add_argument(
+        "--embedding-model-dir", help="sentence-transformers folder (default: the packaged all-MiniLM-L6-v2)"
+    )
+    p.add_argument("--embedding-model-name", default="all-MiniLM-L6-v2", help="the name /v1/embeddings answers to")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-port", type=int, default=8001)
@@ -130,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("shim", help="run only the HTTP shim against a running tritonserver")
     p.add_argument("--triton-grpc-url", default="127.0.0.1:8001")
     p.add_argument("--served-model-name", default="small")
+    p.add_argument("--embedding-model-name", default="all-MiniLM-L6-v2", help="the name /v1/embeddings answers to")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9000)
     p.add_argument("--default-max-tokens", type=int, default=256, help="for requests without max_tokens")

@@ -13,6 +13,7 @@ from tritonllm.shim.app import create_app
 from tritonllm.shim.settings import ShimSettings
 
 MODEL = "tiny"
+EMBEDDING_MODEL = "all-MiniLM-L6-v2"  # the shim's default name for it
 
 
 @pytest.fixture(scope="session")

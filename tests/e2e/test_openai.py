@@ -11,7 +11,7 @@ import pytest
 from oracles import greedy_ids, greedy_text
 from triton_helpers import metric, wait_for
 
-from .conftest import MODEL
+from .conftest import EMBEDDING_MODEL, MODEL
 
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "你好, who are you? 😀"}]
 
@@ -24,8 +24,8 @@ def chat_prompt_ids(tokenizer) -> list[int]:
     )
 
 
-def test_models_lists_the_served_model(openai_client):
-    assert [m.id for m in openai_client.models.list().data] == [MODEL]
+def test_models_lists_the_llm_and_the_embedding_model(openai_client):
+    assert [m.id for m in openai_client.models.list().data] == [MODEL, EMBEDDING_MODEL]
 
 
 def test_chat_stream_and_non_stream_equal_transformers(openai_client, tokenizer, hf_model):

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import tritonclient.grpc as grpcclient
 from oracles import beam_search, greedy_ids, greedy_text, merged, prompt_tuned_greedy, random_adapter
 from triton_helpers import Stream, metric, tensor, wait_for
 from tritonclient.utils import InferenceServerException
@@ -482,3 +483,31 @@ def test_ensemble_beam_search_returns_each_beam_as_text(stream, tokenizer, hf_mo
     (final,) = s.until_final()
     texts = [t.decode() for t in final.as_numpy("text_output").reshape(-1)]
     assert texts == [tokenizer.decode(b, skip_special_tokens=True) for b in beams]
+
+
+def test_embedding_model_batches_requests_and_refuses_only_the_long_one(triton, sentence_model):
+    client = grpcclient.InferenceServerClient(triton.grpc_url)
+    batches = [["first text", "second"], ["ok", "word " * 300], ["数据 and 😀"], ["query text"]]
+    instructions = [None, None, None, "Represent this sentence: "]
+
+    def embed(i: int):
+        rows = [[t.encode()] for t in batches[i]]
+        inputs = [tensor("text_input", rows, "BYTES")]
+        if instructions[i]:
+            inputs.append(tensor("instruction", [[instructions[i].encode()]] * len(rows), "BYTES"))
+        try:
+            result = client.infer("embedding", inputs)
+        except InferenceServerException as e:
+            return e
+        return result.as_numpy("embedding"), result.as_numpy("num_input_tokens").reshape(-1)
+
+    with ThreadPoolExecutor(len(batches)) as pool:
+        results = list(pool.map(embed, range(len(batches))))
+    assert isinstance(results[1], InferenceServerException)
+    assert "text_input[1] has 302 tokens" in results[1].message()
+    for i in (0, 2, 3):
+        vectors, counts = results[i]
+        expected = sentence_model.encode(batches[i], prompt=instructions[i])
+        np.testing.assert_allclose(vectors, expected, atol=2e-6)
+        full = [(instructions[i] or "") + t for t in batches[i]]
+        assert counts.tolist() == [len(ids) for ids in sentence_model.tokenizer(full)["input_ids"]]

@@ -23,7 +23,7 @@ def test_docker_compose_serves_this_repository_on_triton_2_51():
 
 
 def test_every_model_has_its_config_and_code():
-    for model in ("preprocessing", "llm", "postprocessing"):
+    for model in ("preprocessing", "llm", "postprocessing", "embedding"):
         assert (ROOT / "model_repository" / model / "config.pbtxt").exists()
         assert (ROOT / "model_repository" / model / "1" / "model.py").exists()
     assert (ROOT / "model_repository" / "ensemble" / "config.pbtxt").exists()

@@ -1,4 +1,4 @@
-"""The ASGI app: OpenAI and generate_stream routes over one gRPC connection to Triton."""
+"""The ASGI app: OpenAI, embeddings and generate_stream routes over one gRPC connection to Triton."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from . import generate_api, openai_api
+from . import embeddings_api, generate_api, openai_api
 from .errors import APIError, api_error_handler, validation_error_handler
 from .settings import ShimSettings
 from .triton_client import TritonLLMClient
@@ -27,6 +27,7 @@ def create_app(settings: ShimSettings) -> FastAPI:
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.include_router(openai_api.build_router(settings))
+    app.include_router(embeddings_api.build_router(settings))
     app.include_router(generate_api.build_router(settings))
 
     @app.get("/health")

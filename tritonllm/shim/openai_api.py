@@ -1,4 +1,7 @@
-"""OpenAI routes: /v1/chat/completions, /v1/completions, /v1/models, mapped onto the ensemble's tensors."""
+"""OpenAI routes: /v1/chat/completions, /v1/completions, /v1/models, mapped onto the ensemble's tensors.
+
+/v1/models lists the embedding model too; /v1/embeddings lives in embeddings_api.
+"""
 
 from __future__ import annotations
 
@@ -335,6 +338,8 @@ def build_router(settings: ShimSettings) -> APIRouter:
     router = APIRouter()
 
     def check_model(name: str) -> None:
+        if name == settings.embedding_model_name:
+            raise APIError(400, f"model {name!r} only embeds; use /v1/embeddings", "model")
         if name != settings.served_model_name:
             raise APIError(
                 404, f"model {name!r} does not exist; this server has {settings.served_model_name!r}", "model"
@@ -362,15 +367,11 @@ def build_router(settings: ShimSettings) -> APIRouter:
 
     @router.get("/v1/models")
     async def models() -> dict:
+        names = (settings.served_model_name, settings.embedding_model_name)
         return {
             "object": "list",
             "data": [
-                {
-                    "id": settings.served_model_name,
-                    "object": "model",
-                    "created": settings.started,
-                    "owned_by": "tritonllm",
-                }
+                {"id": name, "object": "model", "created": settings.started, "owned_by": "tritonllm"} for name in names
             ],
         }
 

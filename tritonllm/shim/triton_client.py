@@ -20,6 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 ENSEMBLE = "ensemble"
 LLM = "llm"
+EMBEDDING = "embedding"
 
 
 class TritonRequestError(Exception):
@@ -220,6 +221,18 @@ class TritonLLMClient:
                 task = asyncio.get_running_loop().create_task(self.stop(request.request_id))
                 self._stops.add(task)
                 task.add_done_callback(self._stops.discard)
+
+    async def embed(self, texts: list[str], instruction: str | None) -> tuple[np.ndarray, np.ndarray]:
+        """Each text's vector [rows, dimension] and token count [rows] from the `embedding` model."""
+        rows = np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_)
+        inputs = [_infer_input("text_input", "BYTES", rows)]
+        if instruction:
+            inputs.append(_infer_input("instruction", "BYTES", np.full_like(rows, instruction.encode("utf-8"))))
+        try:
+            result = await self._client.infer(EMBEDDING, inputs)
+        except InferenceServerException as e:
+            raise TritonRequestError(e.message()) from e
+        return result.as_numpy("embedding"), result.as_numpy("num_input_tokens").reshape(-1)
 
     async def stop(self, request_id: str) -> None:
         """Ends the llm sequences that carry `request_id`."""

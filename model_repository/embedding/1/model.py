@@ -1,0 +1,52 @@
+"""Triton adapter for tritonllm.embedding: rows of text in, one vector and one token count per row out.
+
+A request with a text over the model's token limit gets an error naming the row; the other requests of the
+batch are answered.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from tritonllm.embedding import InputTooLong, SentenceEmbedder
+from tritonllm.runtime.model_config import ModelParameters
+
+
+def _texts(request, name: str) -> list[str] | None:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return None
+    return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in tensor.as_numpy().reshape(-1)]
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        params = ModelParameters(args)
+        configured = params.get("model_dir", "")
+        # a relative folder is taken from the one that holds the model repository, like the llm's model_dir
+        model_dir = (params.model_path.parent.parent / configured) if configured else None
+        self.embedder = SentenceEmbedder(model_dir)
+
+    def execute(self, requests: list) -> list:
+        prepared: list[tuple[list[str], list[int]] | pb_utils.TritonError] = []
+        for request in requests:
+            try:
+                prepared.append(self.embedder.prepare(_texts(request, "text_input"), _texts(request, "instruction")))
+            except (InputTooLong, UnicodeDecodeError) as e:
+                prepared.append(pb_utils.TritonError(str(e)))
+        rows = [text for p in prepared if not isinstance(p, pb_utils.TritonError) for text in p[0]]
+        vectors = self.embedder.encode(rows)
+        responses, start = [], 0
+        for p in prepared:
+            if isinstance(p, pb_utils.TritonError):
+                responses.append(pb_utils.InferenceResponse(error=p))
+                continue
+            texts, counts = p
+            outputs = [
+                pb_utils.Tensor("embedding", vectors[start : start + len(texts)]),
+                pb_utils.Tensor("num_input_tokens", np.array(counts, dtype=np.int32)[:, None]),
+            ]
+            responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
+            start += len(texts)
+        return responses

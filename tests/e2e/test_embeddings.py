@@ -1,0 +1,60 @@
+"""/v1/embeddings through the real openai SDK and raw HTTP, against sentence-transformers on the same model."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from .conftest import EMBEDDING_MODEL, MODEL
+
+INSTRUCTION = "Represent this sentence for searching relevant passages: "
+
+
+def test_sdk_embeddings_equal_sentence_transformers(openai_client, sentence_model):
+    texts = [f"sentence number {i} about {'cats' if i % 2 else 'servers'}" for i in range(70)]  # two chunks
+    response = openai_client.embeddings.create(model=EMBEDDING_MODEL, input=texts)  # the SDK asks for base64
+    assert [d.index for d in response.data] == list(range(70))
+    np.testing.assert_allclose([d.embedding for d in response.data], sentence_model.encode(texts), atol=2e-6)
+    tokens = sum(len(ids) for ids in sentence_model.tokenizer(texts)["input_ids"])
+    assert response.usage.prompt_tokens == response.usage.total_tokens == tokens
+    assert response.model == EMBEDDING_MODEL
+
+
+def test_float_response_has_the_spec_shape_and_instruction_applies(shim_url, sentence_model):
+    body = {"model": EMBEDDING_MODEL, "input": "how do I run Triton?", "instruction": INSTRUCTION}
+    r = httpx.post(f"{shim_url}/v1/embeddings", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    payload = r.json()
+    assert payload["object"] == "list" and payload["model"] == EMBEDDING_MODEL and payload["id"]
+    assert set(payload["usage"]) == {"prompt_tokens", "total_tokens"}  # no completion_tokens for embeddings
+    [item] = payload["data"]
+    assert item["object"] == "embedding" and item["index"] == 0 and len(item["embedding"]) == 384
+    expected = sentence_model.encode([body["input"]], prompt=INSTRUCTION)[0]
+    np.testing.assert_allclose(item["embedding"], expected, atol=2e-6)
+    assert payload["usage"]["prompt_tokens"] == len(sentence_model.tokenizer(INSTRUCTION + body["input"])["input_ids"])
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "field"),
+    [
+        ({"model": EMBEDDING_MODEL, "input": []}, 400, "input"),
+        ({"model": EMBEDDING_MODEL, "input": [1, 2]}, 400, "input"),
+        ({"model": EMBEDDING_MODEL, "input": ["ok"] * 66 + ["word " * 300]}, 400, "input[66] has 302 tokens"),
+        ({"model": EMBEDDING_MODEL, "input": "x", "dimensions": 128}, 400, "dimensions"),
+        ({"model": EMBEDDING_MODEL, "input": "x", "encoding_format": "int8"}, 400, "encoding_format"),
+        ({"model": MODEL, "input": "x"}, 400, "model"),
+        ({"model": "nope", "input": "x"}, 404, "model"),
+        ({"model": EMBEDDING_MODEL, "input": "x" * (4 * 1024 * 1024 + 1)}, 413, "input"),
+    ],
+)
+def test_bad_embedding_requests_name_the_field(shim_url, body, status, field):
+    r = httpx.post(f"{shim_url}/v1/embeddings", json=body, timeout=60)
+    assert r.status_code == status, r.text
+    assert field in r.json()["error"]["message"]
+
+
+def test_chat_with_the_embedding_model_is_refused(openai_client):
+    with pytest.raises(openai.BadRequestError, match="embeddings"):
+        openai_client.chat.completions.create(model=EMBEDDING_MODEL, messages=[{"role": "user", "content": "x"}])

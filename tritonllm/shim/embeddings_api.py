@@ -1,0 +1,94 @@
+"""POST /v1/embeddings onto the Triton `embedding` model.
+
+The inputs go in chunks of the model's max_batch_size, all at once; Triton's dynamic batcher joins what arrives
+together. The OpenAI SDKs ask for base64 unless told otherwise, so both encodings are served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import re
+import uuid
+from typing import Annotated, Literal
+
+import numpy as np
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import APIError, json_body
+from .generation import until_disconnected
+from .openai_api import MAX_TEXT_CHARS
+from .settings import ShimSettings
+from .triton_client import TritonRequestError
+
+CHUNK_ROWS = 64  # the embedding model's max_batch_size
+MAX_INPUTS = 2048  # as OpenAI's API
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    input: str | Annotated[list[str], Field(min_length=1, max_length=MAX_INPUTS)]
+    instruction: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, Field(gt=0)] | None = None
+    user: str | None = None
+
+
+EmbeddingBody = Annotated[EmbeddingRequest, Depends(json_body(EmbeddingRequest))]
+
+
+def build_router(settings: ShimSettings) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/embeddings")
+    async def embeddings(request: Request, body: EmbeddingBody) -> JSONResponse:
+        if body.model != settings.embedding_model_name:
+            raise APIError(
+                404 if body.model != settings.served_model_name else 400,
+                f"model {body.model!r} does not embed; /v1/embeddings serves {settings.embedding_model_name!r}",
+                "model",
+            )
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        if sum(len(t) for t in texts) + len(body.instruction or "") > MAX_TEXT_CHARS:
+            raise APIError(413, f"input is over {MAX_TEXT_CHARS} characters", "input")
+        client = request.app.state.triton
+
+        async def embed(start: int) -> tuple[np.ndarray, np.ndarray]:
+            try:
+                return await client.embed(texts[start : start + CHUNK_ROWS], body.instruction)
+            except TritonRequestError as e:
+                # the model names the row of its chunk; the caller knows the index in `input`
+                message = re.sub(r"text_input\[(\d+)\]", lambda m: f"input[{start + int(m[1])}]", str(e))
+                raise APIError(400, message, "input") from e
+
+        starts = range(0, len(texts), CHUNK_ROWS)
+        results = await until_disconnected(request, asyncio.gather(*(embed(start) for start in starts)))
+        vectors = np.concatenate([v for v, _ in results])
+        if body.dimensions is not None and body.dimensions != vectors.shape[1]:
+            raise APIError(400, f"dimensions must be {vectors.shape[1]} for {body.model!r} (or left out)", "dimensions")
+        tokens = int(sum(int(n.sum()) for _, n in results))
+        # a JSONResponse skips FastAPI's field-by-field encoding of thousands of floats
+        return JSONResponse(
+            {
+                "id": f"embd-{uuid.uuid4().hex}",
+                "object": "list",
+                "model": body.model,
+                "data": [
+                    {"object": "embedding", "index": i, "embedding": _encoded(v, body.encoding_format)}
+                    for i, v in enumerate(vectors)
+                ],
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
+
+    return router
+
+
+def _encoded(vector: np.ndarray, encoding: str) -> list[float] | str:
+    if encoding == "base64":  # little-endian float32, as OpenAI sends it
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return vector.tolist()
