@@ -36,8 +36,11 @@ class TritonPythonModel:
         return [self._one(request) for request in requests]
 
     def _one(self, request):
+        # one pass over the inputs: this runs for every streamed token of every request
+        inputs = {tensor.name(): tensor for tensor in request.inputs()}
+
         def array(name: str) -> np.ndarray:
-            return pb_utils.get_input_tensor_by_name(request, name).as_numpy()
+            return inputs[name].as_numpy()
 
         beams = array("output_ids")[0]  # [beam, tokens]
         lengths = array("sequence_length")[0].tolist()
@@ -68,6 +71,5 @@ class TritonPythonModel:
         else:
             outputs.append(pb_utils.Tensor("token_texts", np.zeros((1, 0), dtype=np.object_)))
             outputs.append(pb_utils.Tensor("top_token_texts", np.zeros((1, 0, 0), dtype=np.object_)))
-        for name in PASS_THROUGH:
-            outputs.append(pb_utils.Tensor(name, array(name)))
+        outputs.extend(inputs[name] for name in PASS_THROUGH)  # an input tensor can be an output as it is
         return pb_utils.InferenceResponse(output_tensors=outputs)
