@@ -66,8 +66,9 @@ def test_llm_grpc_ids_in_ids_out(stream, hf_model):
     s = stream()
     s.send("llm", llm_inputs(prompt, 16), request_id="llm-1")
     streamed = s.until_final()
-    assert [r.as_numpy("output_ids").reshape(-1).tolist() for r in streamed] == [[t] for t in expected]
-    assert all(r.as_numpy("sequence_length").tolist() == [[1]] for r in streamed)
+    # one token a response, unless the server's sender had a backlog to merge
+    assert [t for r in streamed for t in r.as_numpy("output_ids").reshape(-1).tolist()] == expected
+    assert all(r.as_numpy("sequence_length").tolist() == [[r.as_numpy("output_ids").size]] for r in streamed)
     s.send("llm", llm_inputs(prompt, 16, streaming=False), request_id="llm-2")
     (whole,) = s.until_final()
     assert whole.as_numpy("output_ids").shape == (1, 1, 16)
@@ -179,7 +180,7 @@ def test_bad_input_gets_an_error_naming_the_tensor(stream, model, inputs, field)
     with pytest.raises(InferenceServerException, match=field):
         s.next()
     s.send("llm", llm_inputs([1, 2, 3], 2))
-    assert len(s.until_final()) == 2  # the server keeps serving
+    assert sum(r.as_numpy("output_ids").size for r in s.until_final()) == 2  # the server keeps serving
 
 
 def test_perf_analyzer_streams_against_the_ensemble(triton, tmp_path):

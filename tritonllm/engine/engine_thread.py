@@ -2,8 +2,7 @@
 
 Callers submit a sequence with a callback; the thread admits new work and cancellations between steps, runs
 steps while there is work, and calls each sequence's callback with its new tokens. Callbacks, cancellation
-probes and the per-step hook all run on this thread, which makes it the single thread that may touch
-Triton's metrics.
+probes and the per-step hook all run on this thread.
 """
 
 from __future__ import annotations
@@ -11,6 +10,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,11 +33,19 @@ class Submission:
 
 class EngineThread:
     def __init__(
-        self, engine: LLMEngine, on_step: Callable[[LLMEngine], None] | None = None, max_queue_size: int = 0
+        self,
+        engine: LLMEngine,
+        on_step: Callable[[LLMEngine], None] | None = None,
+        max_queue_size: int = 0,
+        cancel_probe_interval: float = 0.02,
     ) -> None:
         self.engine = engine
         self.on_step = on_step
         self.max_queue_size = max_queue_size  # 0: unbounded
+        # Asking Triton whether a request is cancelled is a round trip to the server per request, so the
+        # probes run at most this often (seconds) rather than every step.
+        self.cancel_probe_interval = cancel_probe_interval
+        self._last_probe = 0.0
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._live: dict[int, Submission] = {}
         self._stopping = threading.Event()
@@ -124,6 +132,10 @@ class EngineThread:
                 self._end(sub, FinishReason.CANCELLED)
 
     def _probe_cancellations(self) -> None:
+        now = time.monotonic()
+        if now - self._last_probe < self.cancel_probe_interval:
+            return
+        self._last_probe = now
         for sub in list(self._live.values()):
             if sub.is_cancelled is not None and sub.is_cancelled():
                 self._end(sub, FinishReason.CANCELLED)

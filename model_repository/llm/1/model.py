@@ -23,6 +23,7 @@ from tritonllm.engine.grammar import GrammarCompiler
 from tritonllm.engine.logits_processors import matched_word
 from tritonllm.engine.lora import AdapterCache
 from tritonllm.engine.sequence import FinishReason, samples_of
+from tritonllm.runtime.coalesce import PendingResponse, coalesce
 from tritonllm.runtime.model_config import ModelParameters, load_tokenizer
 from tritonllm.tokenizer.detokenizer import CONTEXT_TOKENS
 
@@ -118,12 +119,14 @@ class TritonPythonModel:
     def finalize(self) -> None:
         self.thread.shutdown()
         self.responses.close()
+        self.metrics.close()
 
 
 class ResponseQueue:
     """Builds and sends responses on a thread of its own, so the engine thread never waits on Triton's IPC.
 
-    One thread, first in first out: a request's responses keep their order and the FINAL one comes last.
+    One thread, first in first out: a request's responses keep their order and the FINAL one comes last. What
+    has queued up while a send was under way is merged per sequence first (tritonllm.runtime.coalesce).
     """
 
     def __init__(self) -> None:
@@ -131,21 +134,28 @@ class ResponseQueue:
         self._thread = threading.Thread(target=self._run, name="llm-responses", daemon=True)
         self._thread.start()
 
-    def put(self, sender, arrays: dict[str, np.ndarray], final: bool) -> None:
-        self._queue.put((sender, arrays, final))
+    def put(self, sender, arrays: dict[str, np.ndarray], final: bool, stream_key=None) -> None:
+        self._queue.put(PendingResponse(sender, arrays, final, stream_key))
 
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(10)
 
     def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            sender, arrays, final = item
-            try:
-                tensors = [pb_utils.Tensor(name, array) for name, array in arrays.items()]
-                sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if final else 0)
-            except Exception:
-                log.exception("could not send a response")
+        closing = False
+        while not closing:
+            pending = [self._queue.get()]
+            while not self._queue.empty():
+                pending.append(self._queue.get())
+            closing = None in pending
+            for response in coalesce([p for p in pending if p is not None]):
+                try:
+                    tensors = [pb_utils.Tensor(name, array) for name, array in response.arrays.items()]
+                    response.sender.send(
+                        pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if response.final else 0
+                    )
+                except Exception:
+                    log.exception("could not send a response")
 
 
 class SampleGroup:
@@ -215,7 +225,8 @@ class Responder:
         if out.finished:
             self.metrics.finished(seq.finish_reason)
             self.group.unfinished -= 1
-        self.responses.put(self.sender, arrays, final=self.group.unfinished == 0)
+        stream_key = (id(self.sender), seq.sample_index) if self.streaming else None
+        self.responses.put(self.sender, arrays, final=self.group.unfinished == 0, stream_key=stream_key)
 
     def _send_beams(self, out) -> None:
         """One final response with the best beams, padded with pad_id (their ends shift until the search ends,
@@ -284,9 +295,10 @@ def _reason(seq) -> bytes:
 
 
 class EngineMetrics:
-    """Prometheus metrics, touched only from the engine thread (tritonserver 2.51 crashes on two threads).
+    """Prometheus metrics, touched only from a thread of their own (tritonserver 2.51 crashes on two threads).
 
-    Gauges are set when their value changes; counters grow by the engine's totals since the last update;
+    Every metric call is a round trip to the server, so the engine thread only reads its numbers and hands them
+    over. Gauges are set when their value changes; counters grow by the engine's totals since the last update;
     latency histograms observe every token's time to first token or inter-token latency.
     """
 
@@ -335,11 +347,19 @@ class EngineMetrics:
         finished = family("requests_finished_total", "Requests ended, by finish reason", kinds.COUNTER)
         self.finished_by_reason = {r: finished.Metric(labels={"reason": r.value}) for r in FinishReason}
         self.last: dict[str, float] = {}
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="llm-metrics", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(10)
 
     def finished(self, reason: FinishReason) -> None:
-        self.finished_by_reason[reason].increment(1)
+        self._queue.put((self._count_finished, reason))
 
     def update(self, engine: LLMEngine) -> None:
+        """On the engine thread: reads the engine's numbers for the metrics thread."""
         stats, blocks = engine.stats, engine.blocks
         gauges = {
             "kv_blocks_used": blocks.num_used,
@@ -357,6 +377,19 @@ class EngineMetrics:
             "prefix_cache_queried_tokens_total": blocks.prefix_queried_tokens,
             "engine_steps_total": stats.steps,
         }
+        self._queue.put((self._apply, gauges, totals, stats.drain()))
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            try:
+                item[0](*item[1:])
+            except Exception:
+                log.exception("could not update the metrics")
+
+    def _count_finished(self, reason: FinishReason) -> None:
+        self.finished_by_reason[reason].increment(1)
+
+    def _apply(self, gauges: dict[str, float], totals: dict[str, float], latencies) -> None:
         for name, value in gauges.items():
             if self.last.get(name) != value:
                 self.gauges[name].set(value)
@@ -366,6 +399,6 @@ class EngineMetrics:
             if grown:
                 self.counters[name].increment(grown)
                 self.last[name] = value
-        for name, values in zip(self.HISTOGRAMS, stats.drain(), strict=True):
+        for name, values in zip(self.HISTOGRAMS, latencies, strict=True):
             for value in values:
                 self.histograms[name].observe(value)
