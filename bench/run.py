@@ -9,7 +9,8 @@ Cases:
   c  the raw decode-step ceiling: batch / time of one batched decode forward (DynamicCache, sdpa)
   d  this engine, in-process
   e  this engine through Triton's ensemble, with concurrent gRPC streams
-Each case reports output tokens/s, TTFT p50/p99 and inter-token latency p50/p99 (ms).
+Each case reports output tokens/s, TTFT p50/p99, inter-token latency p50/p99 (ms) and the CPU steal during the
+run. The cases take turns (round-robin, `--repeat` rounds) and each keeps its median run.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class Result:
     itl_p50_ms: float | None = None
     itl_p99_ms: float | None = None
     note: str = ""
+    steal_pct: float | None = None  # CPU time the VM's host took during the run
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -278,15 +280,28 @@ def bench_model(name: str, cases: str, w: Workload, sample_a: int, repeat: int) 
         "d": lambda: case_d(model_dir, prompts, w),
         "e": lambda: case_e(model_dir, texts, w),
     }
-    results = []
-    for key in cases.split(","):
-        trials = []
-        for trial in range(repeat):
+    # Round-robin over the cases, so a slow spell of the machine falls on all of them rather than on one.
+    trials: dict[str, list[Result]] = {key: [] for key in cases.split(",")}
+    for trial in range(repeat):
+        for key in trials:
             print(f"[bench] {name}: case {key}, run {trial + 1}/{repeat} ...", file=sys.stderr, flush=True)
-            trials.append(runs[key]())
-            print(f"[bench]   {json.dumps(asdict(trials[-1]))}", file=sys.stderr, flush=True)
-        results.append(median_run(trials))
-    return results
+            before = cpu_ticks()
+            result = runs[key]()
+            result.steal_pct = steal_percent(before, cpu_ticks())
+            trials[key].append(result)
+            print(f"[bench]   {json.dumps(asdict(result))}", file=sys.stderr, flush=True)
+    return [median_run(t) for t in trials.values()]
+
+
+def cpu_ticks() -> list[int]:
+    """The machine's CPU time so far by kind (/proc/stat's first line: user, nice, system, idle, ..., steal)."""
+    return [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+
+
+def steal_percent(before: list[int], after: list[int]) -> float:
+    """The share of CPU time the VM's host took for others: high steal slows every case, unevenly."""
+    spent = [b - a for a, b in zip(before, after, strict=True)]
+    return 100.0 * spent[7] / max(sum(spent), 1)
 
 
 def median_run(trials: list[Result]) -> Result:
@@ -319,11 +334,11 @@ def write_report(all_results: dict[str, list[Result]], w: Workload, name: str) -
         lines += [
             f"## {model}",
             "",
-            "| case | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | note |",
-            "|---|---|---|---|---|---|---|",
+            "| case | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | CPU steal % | note |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for r in results:
-            cells = [r.ttft_p50_ms, r.ttft_p99_ms, r.itl_p50_ms, r.itl_p99_ms]
+            cells = [r.ttft_p50_ms, r.ttft_p99_ms, r.itl_p50_ms, r.itl_p99_ms, r.steal_pct]
             shown = " | ".join("-" if v is None else f"{v:.1f}" for v in cells)
             lines.append(f"| {r.case} | {r.tokens_per_s:.1f} | {shown} | {r.note} |")
         ratios = [
