@@ -144,11 +144,8 @@ class ResponseQueue:
     def _run(self) -> None:
         closing = False
         while not closing:
-            pending = [self._queue.get()]
-            while not self._queue.empty():
-                pending.append(self._queue.get())
-            closing = None in pending
-            for response in coalesce([p for p in pending if p is not None]):
+            pending, closing = _take_queued(self._queue)
+            for response in coalesce(pending):
                 try:
                     tensors = [pb_utils.Tensor(name, array) for name, array in response.arrays.items()]
                     response.sender.send(
@@ -156,6 +153,14 @@ class ResponseQueue:
                     )
                 except Exception:
                     log.exception("could not send a response")
+
+
+def _take_queued(items: queue.SimpleQueue) -> tuple[list, bool]:
+    """Waits for one item, then takes all that are queued; True when the None that ends the queue was among them."""
+    taken = [items.get()]
+    while not items.empty():
+        taken.append(items.get())
+    return [item for item in taken if item is not None], None in taken
 
 
 class SampleGroup:
@@ -356,7 +361,7 @@ class EngineMetrics:
         self._thread.join(10)
 
     def finished(self, reason: FinishReason) -> None:
-        self._queue.put((self._count_finished, reason))
+        self._queue.put(reason)
 
     def update(self, engine: LLMEngine) -> None:
         """On the engine thread: reads the engine's numbers for the metrics thread."""
@@ -377,19 +382,24 @@ class EngineMetrics:
             "prefix_cache_queried_tokens_total": blocks.prefix_queried_tokens,
             "engine_steps_total": stats.steps,
         }
-        self._queue.put((self._apply, gauges, totals, stats.drain()))
+        self._queue.put((gauges, totals, stats.drain()))
 
     def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
+        """Applies what has queued up at once: the latest gauges and totals, every latency observed."""
+        closing = False
+        while not closing:
+            items, closing = _take_queued(self._queue)
+            steps = [item for item in items if isinstance(item, tuple)]
             try:
-                item[0](*item[1:])
+                for reason in (item for item in items if isinstance(item, FinishReason)):
+                    self.finished_by_reason[reason].increment(1)
+                if steps:
+                    latencies = [[v for step in steps for v in step[2][i]] for i in range(len(self.HISTOGRAMS))]
+                    self._apply(steps[-1][0], steps[-1][1], latencies)
             except Exception:
                 log.exception("could not update the metrics")
 
-    def _count_finished(self, reason: FinishReason) -> None:
-        self.finished_by_reason[reason].increment(1)
-
-    def _apply(self, gauges: dict[str, float], totals: dict[str, float], latencies) -> None:
+    def _apply(self, gauges: dict[str, float], totals: dict[str, float], latencies: list[list[float]]) -> None:
         for name, value in gauges.items():
             if self.last.get(name) != value:
                 self.gauges[name].set(value)
