@@ -31,16 +31,23 @@ class ModelParameters:
         A relative `model_dir` is taken from the folder that holds the model repository, so the repository
         works wherever the project is checked out or mounted.
         """
-        chosen = os.environ.get(MODEL_DIR_ENV) or self.get("model_dir", "models/small")
-        path = Path(chosen)
-        if not path.is_absolute():
-            path = self.model_path.parent.parent / path
+        path = self.path(os.environ.get(MODEL_DIR_ENV) or self.get("model_dir", "models/small"))
         if not (path / "config.json").exists():
             raise FileNotFoundError(
                 f"no HF model at {path} (set {MODEL_DIR_ENV} or the model_dir parameter; "
                 "`make model` builds the demo models)"
             )
         return path
+
+    def path(self, value: str) -> Path:
+        """A path from the parameters; a relative one is taken from the folder that holds the model repository."""
+        path = Path(value)
+        return path if path.is_absolute() else self.model_path.parent.parent / path
+
+
+def strings(array) -> list[str]:
+    """A BYTES tensor's values as text."""
+    return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in array.reshape(-1)]
 
 
 def load_tokenizer(model_dir: Path):

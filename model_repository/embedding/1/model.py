@@ -10,23 +10,21 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from tritonllm.embedding import InputTooLong, SentenceEmbedder
-from tritonllm.runtime.model_config import ModelParameters
+from tritonllm.runtime.model_config import ModelParameters, strings
 
 
 def _texts(request, name: str) -> list[str] | None:
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     if tensor is None:
         return None
-    return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in tensor.as_numpy().reshape(-1)]
+    return strings(tensor.as_numpy())
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         params = ModelParameters(args)
         configured = params.get("model_dir", "")
-        # a relative folder is taken from the one that holds the model repository, like the llm's model_dir
-        model_dir = (params.model_path.parent.parent / configured) if configured else None
-        self.embedder = SentenceEmbedder(model_dir)
+        self.embedder = SentenceEmbedder(params.path(configured) if configured else None)
 
     def execute(self, requests: list) -> list:
         prepared: list[tuple[list[str], list[int]] | pb_utils.TritonError] = []

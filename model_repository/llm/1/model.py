@@ -217,14 +217,10 @@ class Responder:
             "output_ids": np.array(new, dtype=np.int32).reshape(1, 1, len(new)),
             "sequence_length": np.array([[len(new)]], dtype=np.int32),
             "preceding_ids": np.array(preceding, dtype=np.int32).reshape(1, len(preceding)),
-            "finish_reason": np.array([[_reason(seq)]], dtype=np.object_),
-            "num_input_tokens": np.array([[seq.num_prompt_tokens]], dtype=np.int32),
             "num_output_tokens": np.array([[seq.num_output_tokens]], dtype=np.int32),
-            "batch_size": np.array([[out.batch_size]], dtype=np.int32),
-            "queue_wait_us": np.array([[int(seq.queue_wait() * 1e6)]], dtype=np.int64),
             "sequence_index": np.array([[seq.sample_index]], dtype=np.int32),
             "stop_token": np.array([[stop_word[-1] if stop_word else -1]], dtype=np.int32),
-            **self.detokenizing,
+            **self._status(out),
             **self._requested(seq, len(new)),
         }
         if out.finished:
@@ -248,14 +244,10 @@ class Responder:
             "output_ids": padded([h.output_ids for h in best], np.int32, pad),
             "sequence_length": np.array([[len(h.output_ids) for h in best]], dtype=np.int32),
             "preceding_ids": np.zeros((1, 0), dtype=np.int32),
-            "finish_reason": np.array([[_reason(seq)]], dtype=np.object_),
-            "num_input_tokens": np.array([[seq.num_prompt_tokens]], dtype=np.int32),
             "num_output_tokens": np.array([[len(best[0].output_ids)]], dtype=np.int32),
-            "batch_size": np.array([[out.batch_size]], dtype=np.int32),
-            "queue_wait_us": np.array([[int(seq.queue_wait() * 1e6)]], dtype=np.int64),
             "sequence_index": np.array([[0]], dtype=np.int32),
             "stop_token": np.array([[-1]], dtype=np.int32),
-            **self.detokenizing,
+            **self._status(out),
             **NO_LOG_PROBS,
         }
         if seq.params.return_log_probs:
@@ -265,6 +257,17 @@ class Responder:
             arrays["context_logits"] = torch.stack(seq.context_logits).numpy()[None]
         self.metrics.finished(seq.finish_reason)
         self.responses.put(self.sender, arrays, final=True)
+
+    def _status(self, out) -> dict[str, np.ndarray]:
+        """What every response says of its sequence: how it ended (if it did), its prompt, batch and queue wait."""
+        seq = out.seq
+        return {
+            "finish_reason": np.array([[_reason(seq)]], dtype=np.object_),
+            "num_input_tokens": np.array([[seq.num_prompt_tokens]], dtype=np.int32),
+            "batch_size": np.array([[out.batch_size]], dtype=np.int32),
+            "queue_wait_us": np.array([[int(seq.queue_wait() * 1e6)]], dtype=np.int64),
+            **self.detokenizing,
+        }
 
     def _requested(self, seq, num_new: int) -> dict[str, np.ndarray]:
         """The outputs the request asked for, covering this response's tokens. The log-prob outputs are always

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from tritonllm.runtime.model_config import ModelParameters, json_list, load_model_config, load_tokenizer
+from tritonllm.runtime.model_config import ModelParameters, json_list, load_model_config, load_tokenizer, strings
 from tritonllm.tokenizer.word_lists import encode_word_list
 
 
@@ -16,8 +16,7 @@ def _string(request, name: str) -> str | None:
     value = tensor.as_numpy().reshape(-1)
     if value.size != 1:
         raise ValueError(f"{name} must hold one string, got {value.size}")
-    raw = value[0]
-    return raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
+    return strings(value)[0]
 
 
 def _int(request, name: str, default: int) -> int:
@@ -86,7 +85,7 @@ class TritonPythonModel:
         tensor = pb_utils.get_input_tensor_by_name(request, name)
         if tensor is None:
             return []
-        return [w.decode("utf-8") if isinstance(w, bytes) else str(w) for w in tensor.as_numpy().reshape(-1)]
+        return strings(tensor.as_numpy())
 
     def _word_list(self, request, name: str, extra: list[list[int]] | None = None) -> np.ndarray:
         """Words as text -> the llm's [2, N] list; each word tokenized on its own, as tensorrtllm_backend does."""
