@@ -107,7 +107,7 @@ def parse_adapter(task_id: int, weights: np.ndarray, config: np.ndarray, model: 
             )
         a = torch.from_numpy(row[: rank * linear.in_features].astype(np.float32)).view(rank, linear.in_features)
         b = torch.from_numpy(row[rank * linear.in_features : size].astype(np.float32)).view(linear.out_features, rank)
-        unpacked[(layer, MODULES[module_id])] = (a.to(linear.weight.dtype), b.to(linear.weight.dtype))
+        unpacked[(layer, MODULES[module_id])] = (a.to(model.dtype), b.to(model.dtype))
     return Adapter(task_id, unpacked)
 
 

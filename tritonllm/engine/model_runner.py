@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from . import lora
+from . import lora, prepacked_linear
 from .block_manager import BlockManager
 from .cpu_kernels import decode_attention
 from .paged_attention import ATTN_IMPLEMENTATION, AttentionGroup, KVCache, PaddedQueries, PagedBatch
@@ -66,6 +66,8 @@ class ModelRunner:
             model_dir, dtype=self.dtype, attn_implementation=ATTN_IMPLEMENTATION
         ).to(self.device)
         self.model.eval()
+        if prepacked_linear.available(self.device, self.dtype):
+            prepacked_linear.prepack(self.model)
         self.lora = lora.install(self.model) if enable_lora else None
         self.shape = ModelShape.of(self.model.config)
         self.native_decode = decode_attention is not None and self.device.type == "cpu" and self.dtype == torch.float32
