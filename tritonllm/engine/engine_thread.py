@@ -1,8 +1,9 @@
 """Runs the engine on one background thread, so callers (Triton's `execute()`) hand work over and never block.
 
 Callers submit a sequence with a callback; the thread admits new work and cancellations between steps, runs
-steps while there is work, and calls each sequence's callback with its new tokens. Callbacks, cancellation
-probes and the per-step hook all run on this thread.
+steps while there is work, and calls each sequence's callback with its new tokens. Callbacks and the per-step
+hook run on this thread. Cancellation probes run on a watcher thread of their own: each is a round trip to the
+server, which the engine thread should not wait on between steps.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,22 +37,25 @@ class EngineThread:
         engine: LLMEngine,
         on_step: Callable[[LLMEngine], None] | None = None,
         max_queue_size: int = 0,
-        cancel_probe_interval: float = 0.02,
+        cancel_probe_interval: float = 0.1,
     ) -> None:
         self.engine = engine
         self.on_step = on_step
         self.max_queue_size = max_queue_size  # 0: unbounded
-        # Asking Triton whether a request is cancelled is a round trip to the server per request, so the
-        # probes run at most this often (seconds) rather than every step.
+        # Every probe costs the server CPU that the forward pass needs too, so a sweep runs this often (seconds).
         self.cancel_probe_interval = cancel_probe_interval
-        self._last_probe = 0.0
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._live: dict[int, Submission] = {}
+        # seq_id -> is_cancelled of the live sequences that have one; shared with the watcher thread
+        self._probes: dict[int, Callable[[], bool]] = {}
+        self._probes_lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
+        self._watcher = threading.Thread(target=self._watch, name="llm-cancel-watcher", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+        self._watcher.start()
 
     def num_queued(self) -> int:
         """Requests not yet running: handed over but not taken in, or waiting for admission (any thread)."""
@@ -76,6 +79,7 @@ class EngineThread:
         self._stopping.set()
         self._inbox.put(("wake", None))
         self._thread.join(timeout)
+        self._watcher.join(timeout)
 
     def _run(self) -> None:
         while not self._stopping.is_set():
@@ -90,7 +94,6 @@ class EngineThread:
     def _iterate(self) -> None:
         # Block only when idle; between steps just drain what has arrived.
         self._drain(block=not self.engine.has_work())
-        self._probe_cancellations()
         if self.engine.has_work():
             self._step()
         if self.on_step is not None:
@@ -122,6 +125,9 @@ class EngineThread:
         if kind == "add":
             sub: Submission = payload
             self._live[sub.seq.seq_id] = sub
+            if sub.is_cancelled is not None:
+                with self._probes_lock:
+                    self._probes[sub.seq.seq_id] = sub.is_cancelled
             try:
                 self.engine.add(sub.seq)
             except Exception:
@@ -130,15 +136,25 @@ class EngineThread:
         elif kind == "cancel":
             for sub in [s for s in self._live.values() if s.seq.request_id == payload]:
                 self._end(sub, FinishReason.CANCELLED)
-
-    def _probe_cancellations(self) -> None:
-        now = time.monotonic()
-        if now - self._last_probe < self.cancel_probe_interval:
-            return
-        self._last_probe = now
-        for sub in list(self._live.values()):
-            if sub.is_cancelled is not None and sub.is_cancelled():
+        elif kind == "cancelled":
+            sub = self._live.get(payload)
+            if sub is not None:
                 self._end(sub, FinishReason.CANCELLED)
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(self.cancel_probe_interval):
+            with self._probes_lock:
+                probes = list(self._probes.items())
+            for seq_id, is_cancelled in probes:
+                try:
+                    cancelled = is_cancelled()
+                except Exception:
+                    log.exception("cancellation probe of sequence %s failed", seq_id)
+                    cancelled = False
+                if cancelled:
+                    with self._probes_lock:
+                        self._probes.pop(seq_id, None)
+                    self._inbox.put(("cancelled", seq_id))
 
     def _end(self, sub: Submission, reason: FinishReason) -> None:
         self.engine.abort(sub.seq)
@@ -151,6 +167,8 @@ class EngineThread:
             return
         if out.finished:
             del self._live[out.seq.seq_id]
+            with self._probes_lock:
+                self._probes.pop(out.seq.seq_id, None)
         try:
             sub.on_output(out)
         except Exception:
