@@ -9,7 +9,7 @@ queued.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -26,6 +26,7 @@ class PendingResponse:
     arrays: dict[str, np.ndarray]
     final: bool  # Triton's FINAL flag: the request's last response
     stream_key: Hashable | None = None  # responses with the same key may be merged; None: never
+    wanted: frozenset[str] = frozenset()  # the output names to send
 
 
 def merge(earlier: dict[str, np.ndarray], later: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -52,10 +53,7 @@ def coalesce(pending: list[PendingResponse]) -> list[PendingResponse]:
     for place, response in enumerate(pending):
         key = response.stream_key if response.stream_key is not None else ("alone", place)
         if key in groups:
-            earlier = groups[key]
-            groups[key] = PendingResponse(
-                response.sender, merge(earlier.arrays, response.arrays), response.final, response.stream_key
-            )
+            groups[key] = replace(response, arrays=merge(groups[key].arrays, response.arrays))
         else:
             groups[key] = response
         last_place[key] = place

@@ -23,6 +23,7 @@ from tritonllm.engine.grammar import GrammarCompiler
 from tritonllm.engine.logits_processors import matched_word
 from tritonllm.engine.lora import AdapterCache
 from tritonllm.engine.sequence import FinishReason, samples_of
+from tritonllm.runtime import response_status
 from tritonllm.runtime.coalesce import PendingResponse, coalesce
 from tritonllm.runtime.model_config import ModelParameters, load_tokenizer
 from tritonllm.tokenizer.detokenizer import CONTEXT_TOKENS
@@ -91,11 +92,12 @@ class TritonPythonModel:
                     for seq in samples:
                         seq.grammar = self.grammars.matcher(*parsed.guide)
                 group = SampleGroup(len(samples))
+                wanted = frozenset(request.requested_output_names())
                 self.thread.submit(
                     [
                         Submission(
                             seq,
-                            Responder(sender, parsed, self.metrics, self.responses, group, beams),
+                            Responder(sender, wanted, parsed, self.metrics, self.responses, group, beams),
                             sender.is_cancelled,
                         )
                         for seq in samples
@@ -134,8 +136,9 @@ class ResponseQueue:
         self._thread = threading.Thread(target=self._run, name="llm-responses", daemon=True)
         self._thread.start()
 
-    def put(self, sender, arrays: dict[str, np.ndarray], final: bool, stream_key=None) -> None:
-        self._queue.put(PendingResponse(sender, arrays, final, stream_key))
+    def put(self, sender, wanted: frozenset[str], arrays: dict[str, np.ndarray], final: bool, stream_key=None) -> None:
+        """`wanted`: the output names the request asked for (in the ensemble: the ones its steps map)."""
+        self._queue.put(PendingResponse(sender, arrays, final, stream_key, wanted))
 
     def close(self) -> None:
         self._queue.put(None)
@@ -147,7 +150,10 @@ class ResponseQueue:
             pending, closing = _take_queued(self._queue)
             for response in coalesce(pending):
                 try:
-                    tensors = [pb_utils.Tensor(name, array) for name, array in response.arrays.items()]
+                    arrays = response.arrays
+                    if response_status.NAME in response.wanted:
+                        arrays = {**arrays, response_status.NAME: response_status.pack(arrays)}
+                    tensors = [pb_utils.Tensor(name, a) for name, a in arrays.items() if name in response.wanted]
                     response.sender.send(
                         pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if response.final else 0
                     )
@@ -180,6 +186,7 @@ class Responder:
     def __init__(
         self,
         sender,
+        wanted: frozenset[str],
         request: inference_request.ParsedRequest,
         metrics: EngineMetrics,
         responses: ResponseQueue,
@@ -187,6 +194,7 @@ class Responder:
         beams: int = 0,
     ) -> None:
         self.sender = sender
+        self.wanted = wanted
         self.streaming = request.streaming
         self.metrics = metrics
         self.responses = responses
@@ -227,7 +235,7 @@ class Responder:
             self.metrics.finished(seq.finish_reason)
             self.group.unfinished -= 1
         stream_key = (id(self.sender), seq.sample_index) if self.streaming else None
-        self.responses.put(self.sender, arrays, final=self.group.unfinished == 0, stream_key=stream_key)
+        self.responses.put(self.sender, self.wanted, arrays, self.group.unfinished == 0, stream_key)
 
     def _send_beams(self, out) -> None:
         """One final response with the best beams, padded with pad_id (their ends shift until the search ends,
@@ -256,7 +264,7 @@ class Responder:
         if seq.params.return_context_logits and seq.context_logits:
             arrays["context_logits"] = torch.stack(seq.context_logits).numpy()[None]
         self.metrics.finished(seq.finish_reason)
-        self.responses.put(self.sender, arrays, final=True)
+        self.responses.put(self.sender, self.wanted, arrays, final=True)
 
     def _status(self, out) -> dict[str, np.ndarray]:
         """What every response says of its sequence: how it ended (if it did), its prompt, batch and queue wait."""

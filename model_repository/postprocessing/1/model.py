@@ -8,10 +8,11 @@ from __future__ import annotations
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from tritonllm.runtime import response_status
 from tritonllm.runtime.model_config import ModelParameters, load_tokenizer
 from tritonllm.tokenizer.detokenizer import text_increment
 
-# Forwarded unchanged, so every output of the ensemble comes from this last step in one response.
+# Unpacked from the llm's response_status, so every output of the ensemble comes from this last step.
 PASS_THROUGH = (
     "finish_reason",
     "num_input_tokens",
@@ -37,29 +38,26 @@ class TritonPythonModel:
 
     def _one(self, request):
         # one pass over the inputs: this runs for every streamed token of every request
-        inputs = {tensor.name(): tensor for tensor in request.inputs()}
+        inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
+        status = response_status.unpack(inputs[response_status.NAME])
 
-        def array(name: str) -> np.ndarray:
-            return inputs[name].as_numpy()
-
-        beams = array("output_ids")[0]  # [beam, tokens]
-        lengths = array("sequence_length")[0].tolist()
-        preceding = array("preceding_ids")[0].tolist()
-        reason = array("finish_reason").reshape(-1)[0]
-        final = bool(reason)
-        skip = bool(array("skip_special_tokens").reshape(-1)[0])
+        beams = inputs["output_ids"][0]  # [beam, tokens]
+        lengths = status["sequence_length"][0].tolist()
+        preceding = inputs["preceding_ids"][0].tolist()
+        final = bool(status["finish_reason"].reshape(-1)[0])
+        skip = bool(status["skip_special_tokens"].reshape(-1)[0])
         texts = [
             text_increment(self.tokenizer, preceding, beam[:n].tolist(), final, skip)
             for beam, n in zip(beams, lengths, strict=False)
         ]
         ids = beams[0][: lengths[0]].tolist()
-        log_probs = array("output_log_probs")[0, 0][: len(ids)]
-        top_ids = array("top_log_prob_ids")[0, 0][: len(ids)]
+        log_probs = inputs["output_log_probs"][0, 0][: len(ids)]
+        top_ids = inputs["top_log_prob_ids"][0, 0][: len(ids)]
         outputs = [
             pb_utils.Tensor("text_output", _strings(texts)[None]),
             pb_utils.Tensor("output_ids", np.array([ids], dtype=np.int32)),
             pb_utils.Tensor("output_log_probs", log_probs[None]),
-            pb_utils.Tensor("top_log_probs", array("top_log_probs")[0, 0][: len(ids)][None]),
+            pb_utils.Tensor("top_log_probs", inputs["top_log_probs"][0, 0][: len(ids)][None]),
         ]
         if len(log_probs) or top_ids.size:
             decode = self.tokenizer.decode
@@ -71,5 +69,5 @@ class TritonPythonModel:
         else:
             outputs.append(pb_utils.Tensor("token_texts", np.zeros((1, 0), dtype=np.object_)))
             outputs.append(pb_utils.Tensor("top_token_texts", np.zeros((1, 0, 0), dtype=np.object_)))
-        outputs.extend(inputs[name] for name in PASS_THROUGH)  # an input tensor can be an output as it is
+        outputs.extend(pb_utils.Tensor(name, status[name]) for name in PASS_THROUGH)
         return pb_utils.InferenceResponse(output_tensors=outputs)
