@@ -34,12 +34,13 @@ def test_merge_equals_one_response_with_all_the_tokens():
 
 def test_coalesce_merges_per_stream_and_sends_final_last():
     a, b = object(), object()
+    everything = frozenset({"output_ids", "sequence_length"})
     pending = [
-        PendingResponse(a, token_response([1], 1), False, (a, 0)),
-        PendingResponse(a, token_response([2], 1), False, (a, 1)),  # another sample of the same request
-        PendingResponse(b, {"output_ids": np.zeros((1, 2, 4))}, True),  # beams: never merged
-        PendingResponse(a, token_response([3], 2, b"end_id"), False, (a, 0)),
-        PendingResponse(a, token_response([4], 2, b"length"), True, (a, 1)),
+        PendingResponse(a, token_response([1], 1), False, everything, (a, 0)),
+        PendingResponse(a, token_response([2], 1), False, everything, (a, 1)),  # another sample of the same request
+        PendingResponse(b, {"output_ids": np.zeros((1, 2, 4))}, True, everything),  # beams: never merged
+        PendingResponse(a, token_response([3], 2, b"end_id"), False, everything, (a, 0)),
+        PendingResponse(a, token_response([4], 2, b"length"), True, everything, (a, 1)),
     ]
     sent = coalesce(pending)
     assert [r.arrays["output_ids"].shape for r in sent] == [(1, 2, 4), (1, 1, 2), (1, 1, 2)]

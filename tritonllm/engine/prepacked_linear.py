@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 ROWS_HINT = 64  # steers the block format only; any number of rows is accepted
 MIN_ROWS = 16  # fewer rows: the stock path is as fast or faster
-MIN_WEIGHT_ELEMENTS = 1 << 18  # smaller matrices (512 x 512 and up gain) never gain
+MIN_WEIGHT_ELEMENTS = 1 << 18  # matrices under 512 x 512 never gain
 
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:

@@ -25,8 +25,8 @@ class PendingResponse:
     sender: object
     arrays: dict[str, np.ndarray]
     final: bool  # Triton's FINAL flag: the request's last response
+    wanted: frozenset[str]  # the output names the request asked for
     stream_key: Hashable | None = None  # responses with the same key may be merged; None: never
-    wanted: frozenset[str] = frozenset()  # the output names to send
 
 
 def merge(earlier: dict[str, np.ndarray], later: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -138,7 +138,7 @@ class ResponseQueue:
 
     def put(self, sender, wanted: frozenset[str], arrays: dict[str, np.ndarray], final: bool, stream_key=None) -> None:
         """`wanted`: the output names the request asked for (in the ensemble: the ones its steps map)."""
-        self._queue.put(PendingResponse(sender, arrays, final, stream_key, wanted))
+        self._queue.put(PendingResponse(sender, arrays, final, wanted, stream_key))
 
     def close(self) -> None:
         self._queue.put(None)

@@ -13,7 +13,7 @@ from tritonllm.runtime.model_config import ModelParameters, load_tokenizer
 from tritonllm.tokenizer.detokenizer import text_increment
 
 # Unpacked from the llm's response_status, so every output of the ensemble comes from this last step.
-PASS_THROUGH = (
+FROM_STATUS = (
     "finish_reason",
     "num_input_tokens",
     "num_output_tokens",
@@ -69,5 +69,5 @@ class TritonPythonModel:
         else:
             outputs.append(pb_utils.Tensor("token_texts", np.zeros((1, 0), dtype=np.object_)))
             outputs.append(pb_utils.Tensor("top_token_texts", np.zeros((1, 0, 0), dtype=np.object_)))
-        outputs.extend(pb_utils.Tensor(name, status[name]) for name in PASS_THROUGH)
+        outputs.extend(pb_utils.Tensor(name, status[name]) for name in FROM_STATUS)
         return pb_utils.InferenceResponse(output_tensors=outputs)
