@@ -1,23 +1,75 @@
 // Decode attention straight from the paged KV cache: one query token per sequence, keys and values read in
 // place through the block table, so no gathered copy of the context is ever made.
+//
+// Built for the machine it runs on (-march=native): ATen's Vectorized<float> then uses the widest vector unit
+// the compiler targets (AVX-512, AVX2, or plain C++), and its exp is SLEEF's, accurate to 1 ulp.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
+#define CPU_CAPABILITY_AVX512
+#elif defined(__AVX2__) && defined(__FMA__)
+#define CPU_CAPABILITY_AVX2
+#endif
+
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
 
-#include <cmath>
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <vector>
 
-// A dot product the compiler can vectorize: eight independent partial sums instead of one serial chain.
-static inline float dot(const float* a, const float* b, int64_t n) {
-  float part[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+using Vec = at::vec::Vectorized<float>;
+
+namespace {
+
+float dot(const float* a, const float* b, int64_t n) {
+  Vec sum(0.f);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) part[j] += a[i + j] * b[i + j];
-  float sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-  for (; i < n; ++i) sum += a[i] * b[i];
-  return sum;
+  for (; i + Vec::size() <= n; i += Vec::size()) sum = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), sum);
+  float total = at::vec::vec_reduce_all<float>([](const Vec& x, const Vec& y) { return x + y; }, sum);
+  for (; i < n; ++i) total += a[i] * b[i];
+  return total;
 }
+
+// out[0:n] += sum over rows r < count of weights[r] * rows[r * stride : r * stride + n], summed in registers:
+// updating `out` row by row would make every row wait for the previous row's store.
+void accumulate(float* out, const float* weights, const float* rows, int64_t count, int64_t stride, int64_t n) {
+  int64_t i = 0;
+  for (; i + Vec::size() <= n; i += Vec::size()) {
+    Vec sum = Vec::loadu(out + i);
+    for (int64_t r = 0; r < count; ++r) sum = at::vec::fmadd(Vec(weights[r]), Vec::loadu(rows + r * stride + i), sum);
+    sum.store(out + i);
+  }
+  for (; i < n; ++i)
+    for (int64_t r = 0; r < count; ++r) out[i] += weights[r] * rows[r * stride + i];
+}
+
+// row[0:n] = exp(row - max(row)), with weights below e^-80 made exactly 0: they are lost next to the largest
+// (1) anyway, and denormals would cost a hundred cycles each in the sums. Returns the sum of the weights.
+float exp_shifted(float* row, int64_t n) {
+  float best = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) best = std::max(best, row[i]);
+  const Vec shift(best), floor(-80.f), zero(0.f);
+  Vec sum(0.f);
+  int64_t i = 0;
+  for (; i + Vec::size() <= n; i += Vec::size()) {
+    const Vec shifted = Vec::loadu(row + i) - shift;
+    const Vec weight = Vec::blendv(shifted.exp(), zero, shifted < floor);
+    weight.store(row + i);
+    sum = sum + weight;
+  }
+  float total = at::vec::vec_reduce_all<float>([](const Vec& x, const Vec& y) { return x + y; }, sum);
+  for (; i < n; ++i) {
+    const float shifted = row[i] - best;
+    row[i] = shifted < -80.f ? 0.f : std::exp(shifted);
+    total += row[i];
+  }
+  return total;
+}
+
+}  // namespace
 
 // q: [B, Hq, D]; k_cache, v_cache: [num_blocks, block_size, Hkv, D]; block_tables: [B, max_blocks] int64;
 // context_lens: [B] int64. Returns [B, Hq, D]. All float32, contiguous.
@@ -28,7 +80,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   const int64_t batch = q.size(0), q_heads = q.size(1), dim = q.size(2);
   const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2);
   const int64_t max_blocks = block_tables.size(1), group = q_heads / kv_heads;
-  auto out = torch::empty_like(q);
+  auto out = torch::zeros_like(q);
   const float* qp = q.data_ptr<float>();
   const float* kp = k_cache.data_ptr<float>();
   const float* vp = v_cache.data_ptr<float>();
@@ -36,49 +88,42 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   const int64_t* lens = context_lens.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
+  const int64_t position_stride = kv_heads * dim;
 
-  // One task per sequence, walking its context position by position with every head at once: the cache holds
-  // all heads of a position side by side, so each block is read front to back exactly once.
-  at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t len = lens[b];
-      const float* query = qp + b * q_heads * dim;
-      const int64_t* table = tables + b * max_blocks;
-      scores.assign(q_heads * len, 0.f);
-      for (int64_t pos = 0; pos < len; ++pos) {
-        const float* keys = kp + (table[pos / block_size] * block_size + pos % block_size) * kv_heads * dim;
-        for (int64_t h = 0; h < q_heads; ++h) {
-          scores[h * len + pos] = dot(query + h * dim, keys + (h / group) * dim, dim) * fscale;
-        }
-      }
-      for (int64_t h = 0; h < q_heads; ++h) {
-        float* row = scores.data() + h * len;
-        float best = -std::numeric_limits<float>::infinity();
-        for (int64_t pos = 0; pos < len; ++pos) best = std::max(best, row[pos]);
-        float total = 0.f;
-        for (int64_t pos = 0; pos < len; ++pos) {
-          // Below e^-80 a weight is lost next to the largest (1) anyway; making it exactly 0 keeps denormals, which
-          // cost a hundred cycles each, out of the exponentials and of the sums.
-          const float shifted = row[pos] - best;
-          row[pos] = shifted < -80.f ? 0.f : std::exp(shifted);
-          total += row[pos];
-        }
-        for (int64_t pos = 0; pos < len; ++pos) row[pos] /= total;
-      }
-      float* result = op + b * q_heads * dim;
-      for (int64_t i = 0; i < q_heads * dim; ++i) result[i] = 0.f;
-      for (int64_t pos = 0; pos < len; ++pos) {
-        const float* values = vp + (table[pos / block_size] * block_size + pos % block_size) * kv_heads * dim;
-        for (int64_t h = 0; h < q_heads; ++h) {
-          const float* value = values + (h / group) * dim;
-          const float weight = scores[h * len + pos];
-          if (weight == 0.f) continue;
-          float* rh = result + h * dim;
-          for (int64_t d = 0; d < dim; ++d) rh[d] += weight * value[d];
-        }
-      }
+  // One sequence: the cache holds all heads of a position side by side, so keys are read position by position
+  // with every head at once, and values block by block, each read front to back exactly once.
+  auto attend = [&](int64_t b, std::vector<float>& scores) {
+    const int64_t len = lens[b];
+    const float* query = qp + b * q_heads * dim;
+    const int64_t* table = tables + b * max_blocks;
+    scores.resize(q_heads * len);
+    for (int64_t pos = 0; pos < len; ++pos) {
+      const float* keys = kp + (table[pos / block_size] * block_size + pos % block_size) * position_stride;
+      for (int64_t h = 0; h < q_heads; ++h)
+        scores[h * len + pos] = dot(query + h * dim, keys + (h / group) * dim, dim) * fscale;
     }
+    std::vector<float> totals(q_heads);
+    for (int64_t h = 0; h < q_heads; ++h) totals[h] = exp_shifted(scores.data() + h * len, len);
+    float* result = op + b * q_heads * dim;
+    for (int64_t start = 0; start < len; start += block_size) {
+      const float* values = vp + table[start / block_size] * block_size * position_stride;
+      const int64_t count = std::min(block_size, len - start);
+      for (int64_t h = 0; h < q_heads; ++h)
+        accumulate(result + h * dim, scores.data() + h * len + start, values + (h / group) * dim, count,
+                   position_stride, dim);
+    }
+    for (int64_t h = 0; h < q_heads; ++h) {
+      const float inverse = 1.f / totals[h];
+      for (int64_t d = 0; d < dim; ++d) result[h * dim + d] *= inverse;
+    }
+  };
+
+  // Sequences are taken one at a time from a shared counter rather than split in fixed halves: when another
+  // process preempts one thread, the others take over its share instead of waiting for it.
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    std::vector<float> scores;
+    for (int64_t b = next++; b < batch; b = next++) attend(b, scores);
   });
   return out;
 }
