@@ -10,13 +10,17 @@ Cases:
   d  this engine, in-process
   e  this engine through Triton's ensemble, with concurrent gRPC streams
 Each case reports output tokens/s, TTFT p50/p99, inter-token latency p50/p99 (ms) and the CPU steal during the
-run. The cases take turns (round-robin, `--repeat` rounds) and each keeps its median run.
+run. Every case first runs the workload once unmeasured (warm-up: oneDNN builds its kernels per shape, the KV
+cache pages in), and d's engine and e's server then stay up for the measured runs, as a serving process would.
+Every run, warm-up included, gets prompts of its own, so none is served from another's prefix cache. The cases
+take turns (round-robin, `--repeat` rounds) and each keeps its median run.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -73,11 +77,11 @@ def from_timestamps(case: str, starts: list[float], stamps: list[list[float]], w
     )
 
 
-def make_prompts(tokenizer, w: Workload) -> tuple[list[list[int]], list[str]]:
-    """Prompt texts that tokenize to exactly `prompt_tokens` ids, so every case runs the same prompts."""
+def make_prompts(tokenizer, w: Workload, seed: int = 7) -> tuple[list[list[int]], list[str]]:
+    """Prompt texts that tokenize to exactly `prompt_tokens` ids; the same seed gives every case the same prompts."""
     from tritonllm.runtime.demo_model import synthetic_corpus
 
-    lines = synthetic_corpus(seed=7, lines=w.requests * 8)
+    lines = synthetic_corpus(seed=seed, lines=w.requests * 8)
     ids, texts = [], []
     for i in range(w.requests):
         tokens = tokenizer.encode(" ".join(lines[i * 8 : (i + 1) * 8]), add_special_tokens=False)
@@ -174,45 +178,76 @@ def case_c(model, prompts, w: Workload) -> Result:
     )
 
 
-def case_d(model_dir: Path, prompts, w: Workload) -> Result:
-    from tritonllm.engine.engine import EngineConfig, LLMEngine
-    from tritonllm.engine.sampling_params import SamplingParams
-    from tritonllm.engine.sequence import Sequence
+class InProcessEngine:
+    """Case d: one engine for every run, driven step by step from this thread."""
 
-    engine = LLMEngine(EngineConfig(str(model_dir), num_kv_blocks=1024, max_num_seqs=64))
-    seqs = [Sequence(p, SamplingParams(max_tokens=w.new_tokens)) for p in prompts]
-    stamps: dict[int, list[float]] = {s.seq_id: [] for s in seqs}
-    t0 = time.perf_counter()
-    for seq in seqs:
-        engine.add(seq)
-    while engine.has_work():
-        outputs = engine.step()
-        now = time.perf_counter()
-        for out in outputs:
-            stamps[out.seq.seq_id] += [now] * len(out.new_token_ids)
-    wall = time.perf_counter() - t0
-    return from_timestamps("d: this engine, in-process", [t0] * len(seqs), list(stamps.values()), wall)
+    def __init__(self, model_dir: Path, w: Workload) -> None:
+        from tritonllm.engine.engine import EngineConfig, LLMEngine
+
+        self.engine = LLMEngine(EngineConfig(str(model_dir), num_kv_blocks=1024, max_num_seqs=64))
+        self.w = w
+
+    def __call__(self, prompts: list[list[int]]) -> Result:
+        from tritonllm.engine.sampling_params import SamplingParams
+        from tritonllm.engine.sequence import Sequence
+
+        seqs = [Sequence(p, SamplingParams(max_tokens=self.w.new_tokens)) for p in prompts]
+        stamps: dict[int, list[float]] = {s.seq_id: [] for s in seqs}
+        t0 = time.perf_counter()
+        for seq in seqs:
+            self.engine.add(seq)
+        while self.engine.has_work():
+            outputs = self.engine.step()
+            now = time.perf_counter()
+            for out in outputs:
+                stamps[out.seq.seq_id] += [now] * len(out.new_token_ids)
+        wall = time.perf_counter() - t0
+        return from_timestamps("d: this engine, in-process", [t0] * len(seqs), list(stamps.values()), wall)
 
 
-def case_e(model_dir: Path, texts: list[str], w: Workload) -> Result:
-    from tritonllm.runtime.model_config import MODEL_DIR_ENV
-    from tritonllm.runtime.tritonserver import TritonServer, free_port
-    from tritonllm.shim.triton_client import ENSEMBLE
-    from tritonllm.shim.triton_client import _infer_input as infer_input
+class TritonEnsemble(contextlib.AbstractContextManager):
+    """Case e: one tritonserver for every run; each run streams all requests at once over gRPC."""
 
-    server = TritonServer(
-        ROOT / "model_repository",
-        http_port=free_port(),
-        grpc_port=free_port(),
-        metrics_port=free_port(),
-        env={MODEL_DIR_ENV: str(model_dir)},
-        log_file=RESULTS / "tritonserver.log.tmp",
-    )
+    def __init__(self, model_dir: Path, w: Workload) -> None:
+        from tritonllm.runtime.model_config import MODEL_DIR_ENV
+        from tritonllm.runtime.tritonserver import TritonServer, free_port
 
-    async def one(client, text: str, starts: list, stamps: list) -> None:
+        self.w = w
+        self.server = TritonServer(
+            ROOT / "model_repository",
+            http_port=free_port(),
+            grpc_port=free_port(),
+            metrics_port=free_port(),
+            env={MODEL_DIR_ENV: str(model_dir)},
+            log_file=RESULTS / "tritonserver.log.tmp",
+        )
+        self.server.start()
+
+    def __exit__(self, *exc) -> None:
+        self.server.stop()
+
+    def __call__(self, texts: list[str]) -> Result:
+        return asyncio.run(self._run(texts))
+
+    async def _run(self, texts: list[str]) -> Result:
+        import tritonclient.grpc.aio as grpcclient
+
+        client = grpcclient.InferenceServerClient(self.server.grpc_url)
+        starts: list[float] = []
+        stamps: list[list[float]] = []
+        t0 = time.perf_counter()
+        await asyncio.gather(*(self._one(client, t, starts, stamps) for t in texts))
+        wall = time.perf_counter() - t0
+        await client.close()
+        return from_timestamps(f"e: Triton ensemble, {len(texts)} gRPC streams", starts, stamps, wall)
+
+    async def _one(self, client, text: str, starts: list, stamps: list) -> None:
+        from tritonllm.shim.triton_client import ENSEMBLE
+        from tritonllm.shim.triton_client import _infer_input as infer_input
+
         inputs = [
             infer_input("text_input", "BYTES", np.array([[text.encode()]], dtype=np.object_)),
-            infer_input("max_tokens", "INT32", np.array([[w.new_tokens]], dtype=np.int32)),
+            infer_input("max_tokens", "INT32", np.array([[self.w.new_tokens]], dtype=np.int32)),
             infer_input("end_id", "INT32", np.array([[-1]], dtype=np.int32)),  # EOS ignored
             infer_input("stream", "BOOL", np.array([[True]])),
         ]
@@ -230,25 +265,6 @@ def case_e(model_dir: Path, texts: list[str], w: Workload) -> Result:
             if result.as_numpy("finish_reason").reshape(-1)[0]:
                 break
         stamps.append(mine)
-
-    async def run() -> Result:
-        import tritonclient.grpc.aio as grpcclient
-
-        client = grpcclient.InferenceServerClient(server.grpc_url)
-        await one(client, texts[0], [], [])  # warm up
-        starts: list[float] = []
-        stamps: list[list[float]] = []
-        t0 = time.perf_counter()
-        await asyncio.gather(*(one(client, t, starts, stamps) for t in texts))
-        wall = time.perf_counter() - t0
-        await client.close()
-        return from_timestamps(f"e: Triton ensemble, {len(texts)} gRPC streams", starts, stamps, wall)
-
-    server.start()
-    try:
-        return asyncio.run(run())
-    finally:
-        server.stop()
 
 
 def machine() -> dict:
@@ -271,25 +287,35 @@ def bench_model(name: str, cases: str, w: Workload, sample_a: int, repeat: int) 
 
     model_dir = ROOT / "models" / name
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    prompts, texts = make_prompts(tokenizer, w)
+    # set 0 warms up, set i is run i's
+    prompt_sets = [make_prompts(tokenizer, w, seed=7 + i) for i in range(repeat + 1)]
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    runs = {
-        "a": lambda: case_a(model, prompts, w, sample_a),
-        "b": lambda: case_b(model, prompts, w),
-        "c": lambda: case_c(model, prompts, w),
-        "d": lambda: case_d(model_dir, prompts, w),
-        "e": lambda: case_e(model_dir, texts, w),
-    }
-    # Round-robin over the cases, so a slow spell of the machine falls on all of them rather than on one.
-    trials: dict[str, list[Result]] = {key: [] for key in cases.split(",")}
-    for trial in range(repeat):
-        for key in trials:
-            print(f"[bench] {name}: case {key}, run {trial + 1}/{repeat} ...", file=sys.stderr, flush=True)
-            before = cpu_ticks()
-            result = runs[key]()
-            result.steal_pct = steal_percent(before, cpu_ticks())
-            trials[key].append(result)
-            print(f"[bench]   {json.dumps(asdict(result))}", file=sys.stderr, flush=True)
+    keys = cases.split(",")
+    with contextlib.ExitStack() as stack:
+        runs = {
+            "a": lambda ids, texts: case_a(model, ids, w, sample_a),
+            "b": lambda ids, texts: case_b(model, ids, w),
+            "c": lambda ids, texts: case_c(model, ids, w),
+        }
+        if "d" in keys:
+            engine = InProcessEngine(model_dir, w)
+            runs["d"] = lambda ids, texts: engine(ids)
+        if "e" in keys:
+            server = stack.enter_context(TritonEnsemble(model_dir, w))
+            runs["e"] = lambda ids, texts: server(texts)
+        for key in keys:
+            print(f"[bench] {name}: case {key}, warm-up ...", file=sys.stderr, flush=True)
+            runs[key](*prompt_sets[0])
+        # Round-robin over the cases, so a slow spell of the machine falls on all of them rather than on one.
+        trials: dict[str, list[Result]] = {key: [] for key in keys}
+        for trial in range(1, repeat + 1):
+            for key in keys:
+                print(f"[bench] {name}: case {key}, run {trial}/{repeat} ...", file=sys.stderr, flush=True)
+                before = cpu_ticks()
+                result = runs[key](*prompt_sets[trial])
+                result.steal_pct = steal_percent(before, cpu_ticks())
+                trials[key].append(result)
+                print(f"[bench]   {json.dumps(asdict(result))}", file=sys.stderr, flush=True)
     return [median_run(t) for t in trials.values()]
 
 
