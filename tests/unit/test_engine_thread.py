@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import threading
+
+import torch
 
 from tritonllm.engine.engine import EngineConfig, LLMEngine
 from tritonllm.engine.engine_thread import EngineThread, Submission
@@ -73,5 +76,23 @@ def test_the_thread_survives_a_broken_submission(tiny_model_dir):
         thread.submit([Submission(Sequence([5, 6], SamplingParams(max_tokens=3)), good)])
         assert good.done.wait(30)
         assert good.reason is FinishReason.LENGTH and len(good.tokens) == 3
+    finally:
+        thread.shutdown()
+
+
+def test_the_engine_thread_and_its_forward_workers_take_its_nice_value(tiny_model_dir):
+    def nice_values() -> list[int]:
+        return [os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir("/proc/self/task")]
+
+    before = nice_values().count(7)
+    engine = LLMEngine(EngineConfig(str(tiny_model_dir), num_kv_blocks=64, block_size=8))
+    thread = EngineThread(engine, nice=7)  # raising the value needs no privilege
+    thread.start()
+    try:
+        done = Collector()
+        thread.submit([Submission(Sequence(list(range(5, 60)), SamplingParams(max_tokens=4)), done)])
+        assert done.done.wait(30)
+        assert os.getpriority(os.PRIO_PROCESS, thread._thread.native_id) == 7
+        assert nice_values().count(7) - before >= torch.get_num_threads()  # the OpenMP team came from this thread
     finally:
         thread.shutdown()

@@ -9,6 +9,7 @@ server, which the engine thread should not wait on between steps.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -38,12 +39,14 @@ class EngineThread:
         on_step: Callable[[LLMEngine], None] | None = None,
         max_queue_size: int = 0,
         cancel_probe_interval: float = 0.1,
+        nice: int = 0,
     ) -> None:
         self.engine = engine
         self.on_step = on_step
         self.max_queue_size = max_queue_size  # 0: unbounded
         # Every probe costs the server CPU that the forward pass needs too, so a sweep runs this often (seconds).
         self.cancel_probe_interval = cancel_probe_interval
+        self.nice = nice
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._live: dict[int, Submission] = {}
         # seq_id -> is_cancelled of the live sequences that have one; shared with the watcher thread
@@ -82,6 +85,7 @@ class EngineThread:
         self._watcher.join(timeout)
 
     def _run(self) -> None:
+        self._set_priority()
         while not self._stopping.is_set():
             try:
                 self._iterate()
@@ -90,6 +94,18 @@ class EngineThread:
                 log.exception("engine loop failed; ending every live sequence")
                 self._fail_all(FinishReason.ERROR)
         self._fail_all(FinishReason.CANCELLED)
+
+    def _set_priority(self) -> None:
+        """Gives this thread, and the OpenMP workers it starts for the forward pass (they inherit it), the nice value
+        `nice`. On a CPU host the server's other threads share the cores with the forward pass, and each of its
+        parallel regions waits for its slowest thread: every preemption stalls all of them. Below 0 needs
+        CAP_SYS_NICE; without it the thread keeps its priority."""
+        if not self.nice:
+            return
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
+        except OSError as e:
+            log.warning("engine thread keeps its CPU priority: nice %d needs CAP_SYS_NICE (%s)", self.nice, e)
 
     def _iterate(self) -> None:
         # Block only when idle; between steps just drain what has arrived.

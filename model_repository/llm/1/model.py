@@ -54,7 +54,10 @@ class TritonPythonModel:
         self.metrics = EngineMetrics()
         self.responses = ResponseQueue()
         self.thread = EngineThread(
-            self.engine, on_step=self.metrics.update, max_queue_size=params.int("max_queue_size", 256)
+            self.engine,
+            on_step=self.metrics.update,
+            max_queue_size=params.int("max_queue_size", 256),
+            nice=params.int("engine_nice", 0),
         )
         self.thread.start()
 
