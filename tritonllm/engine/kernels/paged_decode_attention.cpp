@@ -24,11 +24,15 @@ using Vec = at::vec::Vectorized<float>;
 
 namespace {
 
+float sum_lanes(const Vec& v) {
+  return at::vec::vec_reduce_all<float>([](const Vec& x, const Vec& y) { return x + y; }, v);
+}
+
 float dot(const float* a, const float* b, int64_t n) {
   Vec sum(0.f);
   int64_t i = 0;
   for (; i + Vec::size() <= n; i += Vec::size()) sum = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), sum);
-  float total = at::vec::vec_reduce_all<float>([](const Vec& x, const Vec& y) { return x + y; }, sum);
+  float total = sum_lanes(sum);
   for (; i < n; ++i) total += a[i] * b[i];
   return total;
 }
@@ -60,7 +64,7 @@ float exp_shifted(float* row, int64_t n) {
     weight.store(row + i);
     sum = sum + weight;
   }
-  float total = at::vec::vec_reduce_all<float>([](const Vec& x, const Vec& y) { return x + y; }, sum);
+  float total = sum_lanes(sum);
   for (; i < n; ++i) {
     const float shifted = row[i] - best;
     row[i] = shifted < -80.f ? 0.f : std::exp(shifted);
@@ -92,7 +96,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
 
   // One sequence: the cache holds all heads of a position side by side, so keys are read position by position
   // with every head at once, and values block by block, each read front to back exactly once.
-  auto attend = [&](int64_t b, std::vector<float>& scores) {
+  auto attend = [&](int64_t b, std::vector<float>& scores, std::vector<float>& totals) {
     const int64_t len = lens[b];
     const float* query = qp + b * q_heads * dim;
     const int64_t* table = tables + b * max_blocks;
@@ -102,7 +106,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
       for (int64_t h = 0; h < q_heads; ++h)
         scores[h * len + pos] = dot(query + h * dim, keys + (h / group) * dim, dim) * fscale;
     }
-    std::vector<float> totals(q_heads);
+    totals.resize(q_heads);
     for (int64_t h = 0; h < q_heads; ++h) totals[h] = exp_shifted(scores.data() + h * len, len);
     float* result = op + b * q_heads * dim;
     for (int64_t start = 0; start < len; start += block_size) {
@@ -122,8 +126,8 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   // process preempts one thread, the others take over its share instead of waiting for it.
   std::atomic<int64_t> next{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    std::vector<float> scores;
-    for (int64_t b = next++; b < batch; b = next++) attend(b, scores);
+    std::vector<float> scores, totals;  // scratch reused across this thread's sequences
+    for (int64_t b = next++; b < batch; b = next++) attend(b, scores, totals);
   });
   return out;
 }
