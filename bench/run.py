@@ -262,8 +262,8 @@ class TritonEnsemble(contextlib.AbstractContextManager):
                 raise RuntimeError(error)
             # a response may carry several tokens when the server's sender caught up on a backlog
             mine += [time.perf_counter()] * result.as_numpy("output_ids").size
-            if result.as_numpy("finish_reason").reshape(-1)[0]:
-                break
+        # Read to the stream's end, not left at the final response: tritonserver 2.51 may crash when a call is
+        # cancelled (see tritonllm/shim/triton_client.py), which grpc.aio does to a call collected unfinished.
         stamps.append(mine)
 
 

@@ -2,8 +2,8 @@
 
     python client/grpc_stream_ensemble.py "Hello, who are you?" --max-tokens 64
 
-Ctrl-C ends the generation on the server too: Triton does not pass a cancelled stream into the ensemble's
-steps, so the example also sends `llm` a `stop` request carrying the same request id.
+Ctrl-C ends the generation on the server too: the example sends `llm` a `stop` request carrying the same
+request id, and prints the stream to its final response ("cancelled").
 """
 
 from __future__ import annotations
@@ -39,23 +39,31 @@ def main() -> None:
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
     client.async_stream_infer("ensemble", inputs, request_id=request_id)
     try:
-        while True:
-            result, error = responses.get()
-            if error is not None:
-                raise SystemExit(f"error: {error}")
-            print(result.as_numpy("text_output").reshape(-1)[0].decode(), end="", flush=True)
-            reason = result.as_numpy("finish_reason").reshape(-1)[0].decode()
-            if reason:
-                print(f"\n[finish_reason={reason}, tokens={result.as_numpy('num_output_tokens').item()}]")
-                break
+        print_until_final(responses)
     except KeyboardInterrupt:
-        client.stop_stream(cancel_requests=True)
-        client.start_stream(callback=lambda *_: None)
-        client.async_stream_infer("llm", [tensor("stop", np.array([[True]]), "BOOL")], request_id=request_id)
-        print("\n[cancelled]")
+        # A stop request ends the generation, which then ends its stream. Cancelling the stream instead would not
+        # reach the ensemble's steps, and can crash tritonserver 2.51 (a race in its gRPC frontend).
+        stopper = grpcclient.InferenceServerClient(args.url)
+        stopper.start_stream(callback=lambda *_: None)
+        stopper.async_stream_infer("llm", [tensor("stop", np.array([[True]]), "BOOL")], request_id=request_id)
+        stopper.stop_stream()
+        stopper.close()
+        print_until_final(responses)
     finally:
         client.stop_stream()
         client.close()
+
+
+def print_until_final(responses: queue.Queue) -> None:
+    while True:
+        result, error = responses.get()
+        if error is not None:
+            raise SystemExit(f"error: {error}")
+        print(result.as_numpy("text_output").reshape(-1)[0].decode(), end="", flush=True)
+        reason = result.as_numpy("finish_reason").reshape(-1)[0].decode()
+        if reason:
+            print(f"\n[finish_reason={reason}, tokens={result.as_numpy('num_output_tokens').item()}]")
+            return
 
 
 if __name__ == "__main__":

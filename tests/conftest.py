@@ -42,6 +42,21 @@ def hf_model(tiny_model_dir):
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
 
 
+_DEATH_REPORTED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that fails because the session's tritonserver died reports how it died (CI shows no other log)."""
+    outcome = yield
+    report = outcome.get_result()
+    server = item.funcargs.get("triton") if hasattr(item, "funcargs") else None
+    if report.failed and isinstance(server, TritonServer) and not item.config.stash.get(_DEATH_REPORTED, False):
+        if died := server.exit_report():
+            report.sections.append(("tritonserver", died))
+            item.config.stash[_DEATH_REPORTED] = True
+
+
 @pytest.fixture(scope="session")
 def triton(tiny_model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("triton") / "tritonserver.log"

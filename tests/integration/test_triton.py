@@ -121,12 +121,11 @@ def cancelled_count(triton) -> float:
     return metric(triton, "tritonllm_requests_finished_total", 'reason="cancelled"')
 
 
-def long_running(stream, model: str, inputs: list, request_id: str) -> Stream:
-    """A stream of a 1900-token generation that has produced a few tokens already."""
+def long_running(triton, stream, model: str, inputs: list, request_id: str) -> Stream:
+    """A stream of a 1900-token generation that the engine is running."""
     s = stream()
     s.send(model, inputs, request_id=request_id)
-    for _ in range(3):
-        s.next()
+    assert wait_for(lambda: metric(triton, "tritonllm_kv_blocks_used") > 0)
     return s
 
 
@@ -134,10 +133,13 @@ def send_stop(stream, request_id: str) -> None:
     stream().send("llm", [tensor("stop", [[True]], "BOOL")], request_id=request_id)
 
 
+# The cancelled requests do not stream: tritonserver 2.51 can crash when a gRPC cancellation meets a response
+# being completed (see README), so no response is in flight when these tests cancel.
+
+
 def test_cancelling_a_direct_llm_stream_frees_its_blocks(triton, stream):
     before = cancelled_count(triton)
-    s = long_running(stream, "llm", llm_inputs([5, 6, 7, 8], 1900), "cancel-direct")
-    assert metric(triton, "tritonllm_kv_blocks_used") > 0
+    s = long_running(triton, stream, "llm", llm_inputs([5, 6, 7, 8], 1900, streaming=False), "cancel-direct")
     s.cancel()
     assert wait_for(lambda: cancelled_count(triton) == before + 1)
     assert wait_for(lambda: blocks_released(triton))
@@ -145,7 +147,7 @@ def test_cancelling_a_direct_llm_stream_frees_its_blocks(triton, stream):
 
 def test_stop_request_ends_an_ensemble_stream_with_a_final_response(triton, stream):
     before = cancelled_count(triton)
-    s = long_running(stream, "ensemble", ensemble_inputs("Hello", 1900), "cancel-ensemble")
+    s = long_running(triton, stream, "ensemble", ensemble_inputs("Hello", 1900), "cancel-ensemble")
     send_stop(stream, "cancel-ensemble")
     last = s.until_final()[-1]
     assert last.as_numpy("finish_reason").item() == b"cancelled"
@@ -155,9 +157,9 @@ def test_stop_request_ends_an_ensemble_stream_with_a_final_response(triton, stre
 
 
 def test_a_cancelled_ensemble_stream_plus_stop_frees_its_blocks(triton, stream):
-    """What the shim does when its HTTP client goes away: cancel the stream and send the stop request."""
+    """A cancelled stream does not reach the ensemble's steps; the stop request after it does."""
     before = cancelled_count(triton)
-    s = long_running(stream, "ensemble", ensemble_inputs("Hello", 1900), "cancel-both")
+    s = long_running(triton, stream, "ensemble", ensemble_inputs("Hello", 1900, stream=False), "cancel-both")
     s.cancel()
     send_stop(stream, "cancel-both")
     assert wait_for(lambda: cancelled_count(triton) == before + 1)
@@ -254,8 +256,10 @@ def test_llm_processing_and_log_prob_tensors_equal_generate(stream, hf_model):
 
     s.send("llm", [*llm_inputs(prompt, 16, streaming=True), *extra])
     streamed = s.until_final()
-    assert [r.as_numpy("output_ids").item() for r in streamed] == expected
-    assert np.allclose([r.as_numpy("output_log_probs").item() for r in streamed], logprobs.numpy(), atol=1e-4)
+    # A busy server may coalesce several tokens into one response: compare the joined stream.
+    assert np.concatenate([r.as_numpy("output_ids").reshape(-1) for r in streamed]).tolist() == expected
+    joined_logprobs = np.concatenate([r.as_numpy("output_log_probs").reshape(-1) for r in streamed])
+    assert np.allclose(joined_logprobs, logprobs.numpy(), atol=1e-4)
     assert streamed[-1].as_numpy("finish_reason").item() in (b"stop_words", b"length")
 
 

@@ -149,6 +149,20 @@ class TritonServer:
         self.stop()
         raise ServerError(f"tritonserver not ready after {timeout:.0f}s{self._log_hint()}")
 
+    def exit_report(self, lines: int = 60) -> str | None:
+        """If the server has exited, its exit code (negative: the signal) and the end of its log; else None."""
+        if self.process is None or self.process.poll() is None:
+            return None
+        shm = shutil.disk_usage("/dev/shm")
+        report = (
+            f"tritonserver exited with code {self.process.returncode}"
+            f" (/dev/shm: {shm.used >> 20} MiB used of {shm.total >> 20} MiB)"
+        )
+        if self.log_file and self.log_file.exists():
+            tail = self.log_file.read_text(errors="replace").splitlines()[-lines:]
+            report += f"; the last {len(tail)} lines of {self.log_file}:\n" + "\n".join(tail)
+        return report
+
     def _log_hint(self) -> str:
         return f"; see {self.log_file}" if self.log_file else ""
 

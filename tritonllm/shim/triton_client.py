@@ -1,8 +1,10 @@
 """The shim's only way to the model: gRPC streaming to the Triton `ensemble`, and `stop` requests to `llm`.
 
-Triton does not forward a cancelled stream into the steps of an ensemble, so when a caller goes away before
-the generation ends, the stream is cancelled AND a `stop` request with the same request id goes to `llm`,
-which ends the sequence and frees its KV blocks within one engine step.
+The shim never cancels a gRPC call. tritonserver 2.51 can crash (SIGSEGV in its gRPC frontend) when a call is
+cancelled while its responses complete, a race fixed upstream only in 25.04 (triton-inference-server/server
+#7840, #8078); and Triton does not forward a cancelled stream into the steps of an ensemble anyway. So when a
+caller goes away before the generation ends, a `stop` request with the same request id goes to `llm`, which
+ends the sequence and frees its KV blocks within one engine step, and the stream is read to its end.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
@@ -21,6 +24,7 @@ from tritonclient.utils import InferenceServerException
 ENSEMBLE = "ensemble"
 LLM = "llm"
 EMBEDDING = "embedding"
+FINISH_GRACE_S = 30.0  # how long an abandoned call may take to end after its stop before it is cancelled
 
 
 class TritonRequestError(Exception):
@@ -187,9 +191,11 @@ class TritonLLMClient:
     def __init__(self, url: str) -> None:
         self.url = url
         self._client = grpcclient.InferenceServerClient(url)
-        self._stops: set[asyncio.Task] = set()
+        self._background: set[asyncio.Task] = set()
 
     async def close(self) -> None:
+        if self._background:
+            await asyncio.wait(self._background, timeout=FINISH_GRACE_S)
         await self._client.close()
 
     async def ready(self) -> bool:
@@ -200,10 +206,10 @@ class TritonLLMClient:
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         """Yields chunks until the one with a finish reason; ends the generation if the caller stops early."""
-        stream = self._open(ENSEMBLE, request.inputs(), request.request_id)
+        call = self._open(ENSEMBLE, request.inputs(), request.request_id)
         done, finals = False, 0
         try:
-            async for result, error in stream:
+            async for result, error in call:
                 if error is not None:
                     raise TritonRequestError(error.message())
                 chunk = Chunk.from_result(result)
@@ -212,15 +218,10 @@ class TritonLLMClient:
                 yield chunk
                 if done:
                     return
-        except InferenceServerException as e:
-            raise TritonRequestError(e.message()) from e
         finally:
             if not done:
-                stream.cancel()
                 # Not awaited here: this runs while the caller's task is being torn down.
-                task = asyncio.get_running_loop().create_task(self.stop(request.request_id))
-                self._stops.add(task)
-                task.add_done_callback(self._stops.discard)
+                self._run_in_background(self._end(call, request.request_id))
 
     async def embed(self, texts: list[str], instruction: str | None) -> tuple[np.ndarray, np.ndarray]:
         """Each text's vector [rows, dimension] and token count [rows] from the `embedding` model."""
@@ -228,8 +229,10 @@ class TritonLLMClient:
         inputs = [_infer_input("text_input", "BYTES", rows)]
         if instruction:
             inputs.append(_infer_input("instruction", "BYTES", np.full_like(rows, instruction.encode("utf-8"))))
+        # Shielded, so that a caller going away does not cancel the call.
+        call = self._run_in_background(self._client.infer(EMBEDDING, inputs))
         try:
-            result = await self._client.infer(EMBEDDING, inputs)
+            result = await asyncio.shield(call)
         except InferenceServerException as e:
             raise TritonRequestError(e.message()) from e
         return result.as_numpy("embedding"), result.as_numpy("num_input_tokens").reshape(-1)
@@ -242,8 +245,67 @@ class TritonLLMClient:
                 raise TritonRequestError(error.message())
             return
 
-    def _open(self, model: str, inputs: list, request_id: str):
+    async def _end(self, call: Call, request_id: str) -> None:
+        """Stops an unfinished generation, then waits for its call to end on the server's side."""
+        try:
+            await self.stop(request_id)
+            await asyncio.wait_for(asyncio.shield(call.reader), FINISH_GRACE_S)
+        except (TritonRequestError, TimeoutError):
+            call.cancel()  # the server did not end it: the last resort
+
+    def _open(self, model: str, inputs: list, request_id: str) -> Call:
         async def one_request():
             yield {"model_name": model, "inputs": inputs, "request_id": request_id}
 
-        return self._client.stream_infer(one_request())
+        call = Call(self._client.stream_infer(one_request()))
+        self._background.add(call.reader)
+        call.reader.add_done_callback(self._background.discard)
+        return call
+
+    def _run_in_background(self, coroutine) -> asyncio.Task:
+        """A task referenced until it ends: neither its caller leaving nor the garbage collector cancels it."""
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+
+class Call:
+    """The responses of one gRPC stream, read to the stream's end by a task of its own.
+
+    grpc.aio cancels a call whose reader is cancelled (a caller that goes away), or that is collected unfinished
+    (a reader that stops at the final response, before the server has closed the stream). Read by a task of its
+    own, the call ends only when the server ends it. Iterating yields (result, error) pairs; a call that fails
+    yields its error as the last pair.
+    """
+
+    _END = object()
+
+    def __init__(self, responses) -> None:
+        self._responses = responses
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self.reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:
+        try:
+            async for item in self._responses:
+                self._queue.put_nowait(item)
+        except InferenceServerException as e:
+            self._queue.put_nowait((None, e))
+        except grpc.RpcError as e:
+            self._queue.put_nowait((None, InferenceServerException(msg=str(e))))
+        finally:
+            self._queue.put_nowait(self._END)
+
+    def cancel(self) -> None:
+        self._responses.cancel()
+
+    def __aiter__(self) -> Call:
+        return self
+
+    async def __anext__(self) -> tuple:
+        item = await self._queue.get()
+        if item is self._END:
+            self._queue.put_nowait(item)  # every later read ends too
+            raise StopAsyncIteration
+        return item
