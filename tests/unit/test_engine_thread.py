@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import torch
 
@@ -96,3 +97,31 @@ def test_the_engine_thread_and_its_forward_workers_take_its_nice_value(tiny_mode
         assert nice_values().count(7) - before >= torch.get_num_threads()  # the OpenMP team came from this thread
     finally:
         thread.shutdown()
+
+
+def test_no_cancellation_probe_runs_once_a_sequence_has_finished(tiny_model_dir):
+    """Triton releases a request once its final response is sent; a probe of it after that (tritonserver 2.51's
+    TRITONBACKEND_ResponseFactoryIsCancelled on a freed factory) crashes the server."""
+    engine = LLMEngine(EngineConfig(str(tiny_model_dir), num_kv_blocks=256, block_size=8))
+    thread = EngineThread(engine, cancel_probe_interval=0.001)
+    thread.start()
+    late_probes: list[int] = []
+    try:
+        collectors = []
+        for i in range(8):
+            c = Collector()
+
+            def probe(c=c, i=i) -> bool:
+                if c.done.is_set():
+                    late_probes.append(i)
+                time.sleep(0.002)  # a round trip to the server
+                return False
+
+            collectors.append(c)
+            thread.submit([Submission(Sequence([5, 6, 7 + i], SamplingParams(max_tokens=4 + 3 * i)), c, probe)])
+        for c in collectors:
+            assert c.done.wait(30)
+        time.sleep(0.05)
+    finally:
+        thread.shutdown()
+    assert late_probes == []

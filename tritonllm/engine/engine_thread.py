@@ -160,17 +160,27 @@ class EngineThread:
     def _watch(self) -> None:
         while not self._stopping.wait(self.cancel_probe_interval):
             with self._probes_lock:
-                probes = list(self._probes.items())
-            for seq_id, is_cancelled in probes:
-                try:
-                    cancelled = is_cancelled()
-                except Exception:
-                    log.exception("cancellation probe of sequence %s failed", seq_id)
-                    cancelled = False
-                if cancelled:
-                    with self._probes_lock:
-                        self._probes.pop(seq_id, None)
+                seq_ids = list(self._probes)
+            for seq_id in seq_ids:
+                if self._probe(seq_id):
                     self._inbox.put(("cancelled", seq_id))
+
+    def _probe(self, seq_id: int) -> bool:
+        """True if the sequence's request was cancelled. Runs under the lock that `_deliver` takes to drop the probe
+        before it hands over the final output: a request whose final response may be on its way is never probed
+        (Triton releases it then, and tritonserver 2.51 crashes probing a released request)."""
+        with self._probes_lock:
+            is_cancelled = self._probes.get(seq_id)
+            if is_cancelled is None:
+                return False
+            try:
+                cancelled = is_cancelled()
+            except Exception:
+                log.exception("cancellation probe of sequence %s failed", seq_id)
+                return False
+            if cancelled:
+                del self._probes[seq_id]
+            return cancelled
 
     def _end(self, sub: Submission, reason: FinishReason) -> None:
         self.engine.abort(sub.seq)

@@ -21,7 +21,7 @@ from .errors import APIError, json_body
 from .generation import until_disconnected
 from .openai_api import MAX_TEXT_CHARS
 from .settings import ShimSettings
-from .triton_client import TritonRequestError
+from .triton_client import TritonRequestError, TritonUnavailable
 
 CHUNK_ROWS = 64  # the embedding model's max_batch_size
 MAX_INPUTS = 2048  # as OpenAI's API
@@ -64,6 +64,8 @@ def build_router(settings: ShimSettings) -> APIRouter:
                 # the model names the row of its chunk; the caller knows the index in `input`
                 message = re.sub(r"text_input\[(\d+)\]", lambda m: f"input[{start + int(m[1])}]", str(e))
                 raise APIError(400, message, "input") from e
+            except TritonUnavailable as e:
+                raise APIError(503, str(e)) from e
 
         starts = range(0, len(texts), CHUNK_ROWS)
         results = await until_disconnected(request, asyncio.gather(*(embed(start) for start in starts)))

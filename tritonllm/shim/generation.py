@@ -12,7 +12,7 @@ from fastapi import Request
 
 from ..tokenizer.stop_strings import StopStringMatcher
 from .errors import APIError
-from .triton_client import Chunk, GenerationRequest, TritonLLMClient, TritonRequestError
+from .triton_client import Chunk, GenerationRequest, TritonLLMClient, TritonRequestError, TritonUnavailable
 
 STOP_STRING = "stop_string"  # finish reason when a stop string matched; the engine's own are end_id and length
 
@@ -64,6 +64,8 @@ async def generate(
     except TritonRequestError as e:
         status = 429 if "overloaded" in str(e) else 400
         raise APIError(status, str(e), _param_named_in(str(e))) from e
+    except TritonUnavailable as e:
+        raise APIError(503, str(e)) from e
 
 
 def _param_named_in(message: str) -> str | None:

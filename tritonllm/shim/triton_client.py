@@ -31,6 +31,10 @@ class TritonRequestError(Exception):
     """Triton answered the request with an error (bad input, or the server failed)."""
 
 
+class TritonUnavailable(Exception):
+    """Triton could not be reached, or the connection broke: no answer came."""
+
+
 @dataclass
 class GenerationRequest:
     """One generation as the ensemble's tensors; None leaves a tensor out (the ensemble's default)."""
@@ -234,6 +238,8 @@ class TritonLLMClient:
         try:
             result = await asyncio.shield(call)
         except InferenceServerException as e:
+            if e.status() == str(grpc.StatusCode.UNAVAILABLE):
+                raise TritonUnavailable(e.message()) from e
             raise TritonRequestError(e.message()) from e
         return result.as_numpy("embedding"), result.as_numpy("num_input_tokens").reshape(-1)
 
@@ -247,10 +253,12 @@ class TritonLLMClient:
 
     async def _end(self, call: Call, request_id: str) -> None:
         """Stops an unfinished generation, then waits for its call to end on the server's side."""
+        if call.reader.done():  # the server has ended it already (an error response)
+            return
         try:
             await self.stop(request_id)
             await asyncio.wait_for(asyncio.shield(call.reader), FINISH_GRACE_S)
-        except (TritonRequestError, TimeoutError):
+        except (TritonRequestError, TritonUnavailable, TimeoutError):
             call.cancel()  # the server did not end it: the last resort
 
     def _open(self, model: str, inputs: list, request_id: str) -> Call:
@@ -275,8 +283,8 @@ class Call:
 
     grpc.aio cancels a call whose reader is cancelled (a caller that goes away), or that is collected unfinished
     (a reader that stops at the final response, before the server has closed the stream). Read by a task of its
-    own, the call ends only when the server ends it. Iterating yields (result, error) pairs; a call that fails
-    yields its error as the last pair.
+    own, the call ends only when the server ends it. Iterating yields (result, error) pairs, and raises
+    TritonUnavailable if the connection fails.
     """
 
     _END = object()
@@ -290,10 +298,8 @@ class Call:
         try:
             async for item in self._responses:
                 self._queue.put_nowait(item)
-        except InferenceServerException as e:
-            self._queue.put_nowait((None, e))
         except grpc.RpcError as e:
-            self._queue.put_nowait((None, InferenceServerException(msg=str(e))))
+            self._queue.put_nowait(TritonUnavailable(f"Triton stream failed: {e.code().name}: {e.details()}"))
         finally:
             self._queue.put_nowait(self._END)
 
@@ -308,4 +314,6 @@ class Call:
         if item is self._END:
             self._queue.put_nowait(item)  # every later read ends too
             raise StopAsyncIteration
+        if isinstance(item, TritonUnavailable):
+            raise item
         return item
