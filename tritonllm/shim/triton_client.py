@@ -13,7 +13,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 
 import grpc
@@ -265,12 +265,9 @@ class TritonLLMClient:
         async def one_request():
             yield {"model_name": model, "inputs": inputs, "request_id": request_id}
 
-        call = Call(self._client.stream_infer(one_request()))
-        self._background.add(call.reader)
-        call.reader.add_done_callback(self._background.discard)
-        return call
+        return Call(self._client.stream_infer(one_request()), self._run_in_background)
 
-    def _run_in_background(self, coroutine) -> asyncio.Task:
+    def _run_in_background(self, coroutine: Coroutine) -> asyncio.Task:
         """A task referenced until it ends: neither its caller leaving nor the garbage collector cancels it."""
         task = asyncio.get_running_loop().create_task(coroutine)
         self._background.add(task)
@@ -289,10 +286,10 @@ class Call:
 
     _END = object()
 
-    def __init__(self, responses) -> None:
+    def __init__(self, responses, run: Callable[[Coroutine], asyncio.Task]) -> None:
         self._responses = responses
         self._queue: asyncio.Queue = asyncio.Queue()
-        self.reader = asyncio.get_running_loop().create_task(self._read())
+        self.reader = run(self._read())
 
     async def _read(self) -> None:
         try:
