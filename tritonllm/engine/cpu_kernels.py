@@ -7,8 +7,11 @@ pure-PyTorch path, which gives the same results more slowly.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -16,26 +19,55 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).parent / "kernels" / "paged_decode_attention.cpp"
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "torch_extensions"
 DISABLE_ENV = "TRITONLLM_NO_NATIVE_KERNELS"
+NAME = "tritonllm_paged_decode_attention"
 
 
 def _build():
     if os.environ.get(DISABLE_ENV):
         return None
     try:
+        import ninja
         from torch.utils.cpp_extension import load
 
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(CACHE))
-        module = load(
-            name="tritonllm_paged_decode_attention",
-            sources=[str(SOURCE)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
+        build_dir = Path(os.environ["TORCH_EXTENSIONS_DIR"]) / NAME
+        build_dir.mkdir(parents=True, exist_ok=True)
+        with _exclusive(build_dir / "build.flock"), _path_first(ninja.BIN_DIR):
+            # torch's own lock file outlives a builder that was killed, and then every later load waits for it
+            # forever; whoever holds it also holds build.flock, which the kernel releases when its holder dies.
+            (build_dir / "lock").unlink(missing_ok=True)
+            module = load(
+                name=NAME,
+                sources=[str(SOURCE)],
+                extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(build_dir),
+                verbose=False,
+            )
         return module.paged_decode_attention
     except Exception as e:  # no compiler, headers or ninja: the PyTorch path still works
         log.warning("native decode attention unavailable (%s); using the PyTorch path", e)
         return None
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+@contextlib.contextmanager
+def _path_first(directory: str) -> Iterator[None]:
+    """Puts the pip-installed ninja first on PATH while building: a system ninja of another version, found first by
+    some processes and not by others (tritonserver's stubs run with the venv's bin/ first), makes each rebuild what
+    the other built, a minute every time."""
+    saved = os.environ.get("PATH", "")
+    os.environ["PATH"] = os.pathsep.join([directory, saved])
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = saved
 
 
 decode_attention = _build()

@@ -32,6 +32,34 @@ class Submission:
     is_cancelled: Callable[[], bool] | None = None
 
 
+class CancellationProbe:
+    """Asks Triton whether a request was cancelled, until the request is retired.
+
+    A request is retired before its final output is handed over, and retiring waits for a probe under way: Triton
+    releases a request once its final response is sent, and tritonserver 2.51 crashes when a released request is
+    probed (TRITONBACKEND_ResponseFactoryIsCancelled on a freed factory).
+    """
+
+    def __init__(self, is_cancelled: Callable[[], bool]) -> None:
+        self._is_cancelled = is_cancelled
+        self._lock = threading.Lock()  # one per request: retiring waits for this request's probe only
+        self._retired = False
+
+    def cancelled(self) -> bool:
+        with self._lock:
+            if self._retired:
+                return False
+            try:
+                return self._is_cancelled()
+            except Exception:
+                log.exception("cancellation probe failed")
+                return False
+
+    def retire(self) -> None:
+        with self._lock:
+            self._retired = True
+
+
 class EngineThread:
     def __init__(
         self,
@@ -50,7 +78,7 @@ class EngineThread:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._live: dict[int, Submission] = {}
         # seq_id -> is_cancelled of the live sequences that have one; shared with the watcher thread
-        self._probes: dict[int, Callable[[], bool]] = {}
+        self._probes: dict[int, CancellationProbe] = {}
         self._probes_lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
@@ -143,7 +171,7 @@ class EngineThread:
             self._live[sub.seq.seq_id] = sub
             if sub.is_cancelled is not None:
                 with self._probes_lock:
-                    self._probes[sub.seq.seq_id] = sub.is_cancelled
+                    self._probes[sub.seq.seq_id] = CancellationProbe(sub.is_cancelled)
             try:
                 self.engine.add(sub.seq)
             except Exception:
@@ -160,27 +188,12 @@ class EngineThread:
     def _watch(self) -> None:
         while not self._stopping.wait(self.cancel_probe_interval):
             with self._probes_lock:
-                seq_ids = list(self._probes)
-            for seq_id in seq_ids:
-                if self._probe(seq_id):
+                probes = list(self._probes.items())
+            for seq_id, probe in probes:
+                if probe.cancelled():
+                    with self._probes_lock:
+                        self._probes.pop(seq_id, None)
                     self._inbox.put(("cancelled", seq_id))
-
-    def _probe(self, seq_id: int) -> bool:
-        """True if the sequence's request was cancelled. Runs under the lock that `_deliver` takes to drop the probe
-        before it hands over the final output: a request whose final response may be on its way is never probed
-        (Triton releases it then, and tritonserver 2.51 crashes probing a released request)."""
-        with self._probes_lock:
-            is_cancelled = self._probes.get(seq_id)
-            if is_cancelled is None:
-                return False
-            try:
-                cancelled = is_cancelled()
-            except Exception:
-                log.exception("cancellation probe of sequence %s failed", seq_id)
-                return False
-            if cancelled:
-                del self._probes[seq_id]
-            return cancelled
 
     def _end(self, sub: Submission, reason: FinishReason) -> None:
         self.engine.abort(sub.seq)
@@ -194,7 +207,9 @@ class EngineThread:
         if out.finished:
             del self._live[out.seq.seq_id]
             with self._probes_lock:
-                self._probes.pop(out.seq.seq_id, None)
+                probe = self._probes.pop(out.seq.seq_id, None)
+            if probe is not None:
+                probe.retire()
         try:
             sub.on_output(out)
         except Exception:

@@ -94,6 +94,9 @@ class TritonServer:
     env: dict[str, str] = field(default_factory=dict)
     log_file: Path | None = None
     process: subprocess.Popen | None = None
+    # The stubs seen once the server was ready (pid -> shared-memory region): a crashed server's stubs are no
+    # longer its children, and live on.
+    _stubs: dict[int, str | None] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def http_url(self) -> str:
@@ -133,6 +136,7 @@ class TritonServer:
             self.command(), env=server_env(self.env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
         self.wait_ready(timeout)
+        self._stubs = {pid: _stub_shm_region(pid) for pid in _children(self.process.pid)}
 
     def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -159,7 +163,7 @@ class TritonServer:
             f" (/dev/shm: {shm.used >> 20} MiB used of {shm.total >> 20} MiB)"
         )
         if self.log_file and self.log_file.exists():
-            tail = self.log_file.read_text(errors="replace").splitlines()[-lines:]
+            tail = self.log_file.read_text(errors="replace").splitlines()[-lines:] if lines > 0 else []
             report += f"; the last {len(tail)} lines of {self.log_file}:\n" + "\n".join(tail)
         return report
 
@@ -171,7 +175,7 @@ class TritonServer:
         proc, self.process = self.process, None
         if proc is None:
             return
-        stubs = {pid: _stub_shm_region(pid) for pid in _children(proc.pid)}
+        stubs = {**self._stubs, **{pid: _stub_shm_region(pid) for pid in _children(proc.pid)}}
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
             try:
@@ -180,11 +184,13 @@ class TritonServer:
                 proc.kill()
                 proc.wait()
         for pid, region in stubs.items():
-            # Stubs with live threads can outlive a crashed server and ignore SIGTERM.
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            # Stubs with live threads can outlive a crashed server and ignore SIGTERM. The region in its command
+            # line tells that the pid is still the same stub.
+            if region and _stub_shm_region(pid) == region:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             if region:
                 Path("/dev/shm", region).unlink(missing_ok=True)
 
