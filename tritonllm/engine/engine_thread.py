@@ -77,7 +77,7 @@ class EngineThread:
         self.nice = nice
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._live: dict[int, Submission] = {}
-        # seq_id -> is_cancelled of the live sequences that have one; shared with the watcher thread
+        # seq_id -> the cancellation probe of each live sequence whose request has one; shared with the watcher thread
         self._probes: dict[int, CancellationProbe] = {}
         self._probes_lock = threading.Lock()
         self._stopping = threading.Event()
