@@ -9,6 +9,7 @@ Cases:
   c  the raw decode-step ceiling: batch / time of one batched decode forward (DynamicCache, sdpa)
   d  this engine, in-process
   e  this engine through Triton's ensemble, with concurrent gRPC streams
+  e2 the same, each request asking for a response every 2 tokens (stream_interval 2) instead of every token
 Each case reports output tokens/s, TTFT p50/p99, inter-token latency p50/p99 (ms) and the CPU steal during the
 run. Every case first runs the workload once unmeasured (warm-up: oneDNN builds its kernels per shape, the KV
 cache pages in), and d's engine and e's server then stay up for the measured runs, as a serving process would.
@@ -36,6 +37,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+CASES = ("a", "b", "c", "d", "e", "e2")
 
 
 @dataclass
@@ -206,7 +210,7 @@ class InProcessEngine:
 
 
 class TritonEnsemble(contextlib.AbstractContextManager):
-    """Case e: one tritonserver for every run; each run streams all requests at once over gRPC."""
+    """Cases e and e2: one tritonserver for every run; each run streams all requests at once over gRPC."""
 
     def __init__(self, model_dir: Path, w: Workload) -> None:
         from tritonllm.runtime.model_config import MODEL_DIR_ENV
@@ -226,22 +230,25 @@ class TritonEnsemble(contextlib.AbstractContextManager):
     def __exit__(self, *exc) -> None:
         self.server.stop()
 
-    def __call__(self, texts: list[str]) -> Result:
-        return asyncio.run(self._run(texts))
+    def __call__(self, texts: list[str], stream_interval: int = 1) -> Result:
+        return asyncio.run(self._run(texts, stream_interval))
 
-    async def _run(self, texts: list[str]) -> Result:
+    async def _run(self, texts: list[str], stream_interval: int) -> Result:
         import tritonclient.grpc.aio as grpcclient
 
         client = grpcclient.InferenceServerClient(self.server.grpc_url)
         starts: list[float] = []
         stamps: list[list[float]] = []
         t0 = time.perf_counter()
-        await asyncio.gather(*(self._one(client, t, starts, stamps) for t in texts))
+        await asyncio.gather(*(self._one(client, t, stream_interval, starts, stamps) for t in texts))
         wall = time.perf_counter() - t0
         await client.close()
-        return from_timestamps(f"e: Triton ensemble, {len(texts)} gRPC streams", starts, stamps, wall)
+        case = f"e: Triton ensemble, {len(texts)} gRPC streams"
+        if stream_interval != 1:
+            case = f"e{stream_interval}: {case[3:]}, stream_interval {stream_interval}"
+        return from_timestamps(case, starts, stamps, wall)
 
-    async def _one(self, client, text: str, starts: list, stamps: list) -> None:
+    async def _one(self, client, text: str, stream_interval: int, starts: list, stamps: list) -> None:
         from tritonllm.shim.triton_client import ENSEMBLE
         from tritonllm.shim.triton_client import _infer_input as infer_input
 
@@ -250,6 +257,7 @@ class TritonEnsemble(contextlib.AbstractContextManager):
             infer_input("max_tokens", "INT32", np.array([[self.w.new_tokens]], dtype=np.int32)),
             infer_input("end_id", "INT32", np.array([[-1]], dtype=np.int32)),  # EOS ignored
             infer_input("stream", "BOOL", np.array([[True]])),
+            infer_input("stream_interval", "INT32", np.array([[stream_interval]], dtype=np.int32)),
         ]
 
         async def requests():
@@ -262,6 +270,8 @@ class TritonEnsemble(contextlib.AbstractContextManager):
                 raise RuntimeError(error)
             # a response may carry several tokens when the server's sender caught up on a backlog
             mine += [time.perf_counter()] * result.as_numpy("output_ids").size
+        if len(mine) != self.w.new_tokens:
+            raise RuntimeError(f"a stream brought {len(mine)} tokens, not {self.w.new_tokens}")
         # Read to the stream's end, not left at the final response: tritonserver 2.51 may crash when a call is
         # cancelled (see tritonllm/shim/triton_client.py), which grpc.aio does to a call collected unfinished.
         stamps.append(mine)
@@ -300,9 +310,10 @@ def bench_model(name: str, cases: str, w: Workload, sample_a: int, repeat: int) 
         if "d" in keys:
             engine = InProcessEngine(model_dir, w)
             runs["d"] = lambda ids, texts: engine(ids)
-        if "e" in keys:
+        if {"e", "e2"} & set(keys):
             server = stack.enter_context(TritonEnsemble(model_dir, w))
             runs["e"] = lambda ids, texts: server(texts)
+            runs["e2"] = lambda ids, texts: server(texts, stream_interval=2)
         for key in keys:
             print(f"[bench] {name}: case {key}, warm-up ...", file=sys.stderr, flush=True)
             runs[key](*prompt_sets[0])
@@ -356,7 +367,7 @@ def write_report(all_results: dict[str, list[Result]], w: Workload, name: str) -
         "",
     ]
     for model, results in all_results.items():
-        by_case = {r.case[0]: r for r in results}
+        by_case = {r.case.split(":")[0]: r for r in results}
         lines += [
             f"## {model}",
             "",
@@ -369,7 +380,7 @@ def write_report(all_results: dict[str, list[Result]], w: Workload, name: str) -
             lines.append(f"| {r.case} | {r.tokens_per_s:.1f} | {shown} | {r.note} |")
         ratios = [
             f"{x}/{y} = {by_case[x].tokens_per_s / by_case[y].tokens_per_s:.2f}"
-            for x, y in (("e", "b"), ("e", "c"), ("d", "c"), ("e", "a"))
+            for x, y in (("e", "b"), ("e", "c"), ("e2", "b"), ("e2", "c"), ("d", "c"), ("e", "a"))
             if x in by_case and y in by_case
         ]
         lines += ["", "Ratios of tokens/s: " + ", ".join(ratios), ""]
@@ -398,7 +409,7 @@ def plot(all_results: dict[str, list[Result]], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", action="append", choices=["tiny", "small"])
-    parser.add_argument("--cases", default="a,b,c,d,e")
+    parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--sample-a", type=int, default=4, help="requests case a runs one after another")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each case; the median is reported")
     args = parser.parse_args()
@@ -406,7 +417,7 @@ def main() -> None:
     models = args.model or ["small", "tiny"]
     results = {name: bench_model(name, args.cases, w, args.sample_a, args.repeat) for name in models}
     # Only a full run replaces the recorded results; a partial one goes beside them (not tracked).
-    full = set(models) == {"small", "tiny"} and set(args.cases.split(",")) == set("abcde")
+    full = set(models) == {"small", "tiny"} and set(args.cases.split(",")) == set(CASES)
     print(write_report(results, w, "W1" if full else "partial").read_text())
 
 

@@ -60,6 +60,21 @@ def test_ensemble_grpc_stream_equals_transformers_and_non_stream(stream, tokeniz
     assert last.as_numpy("finish_reason").item().decode() == ("end_id" if len(ids) < 24 else "length")
 
 
+def test_stream_interval_groups_the_tokens_and_keeps_the_text(stream, tokenizer, hf_model):
+    prompt = PROMPTS[1]
+    expected, ids = greedy_text(hf_model, tokenizer, tokenizer.encode(prompt), 24)
+    s = stream()
+    s.send("ensemble", [*ensemble_inputs(prompt, 24), tensor("stream_interval", [[5]], "INT32")])
+    streamed = s.until_final()
+    assert text_of(streamed) == expected
+    assert [t for r in streamed for t in r.as_numpy("output_ids").reshape(-1).tolist()] == ids
+    sizes = [r.as_numpy("output_ids").size for r in streamed]
+    # the first token at once, then groups of 5 (merged further if the server's sender fell behind), then the rest
+    assert (sizes[0] - 1) % 5 == 0
+    assert all(n and n % 5 == 0 for n in sizes[1:-1])
+    assert len(streamed) <= 1 + -(-(len(ids) - 1) // 5)
+
+
 def test_llm_grpc_ids_in_ids_out(stream, hf_model):
     prompt = [11, 250, 3000, 42, 7]
     expected = greedy_ids(hf_model, prompt, 16)
@@ -172,6 +187,7 @@ def test_a_cancelled_ensemble_stream_plus_stop_frees_its_blocks(triton, stream):
         ("llm", llm_inputs([1, 2, 999999], 4), "input_ids"),
         ("llm", [tensor("input_ids", [[1, 2]], "INT32")], "request_output_len"),
         ("llm", [*llm_inputs([1, 2], 4), tensor("runtime_top_p", [[1.5]], "FP32")], "runtime_top_p"),
+        ("llm", [*llm_inputs([1, 2], 4), tensor("stream_interval", [[0]], "INT32")], "stream_interval"),
         ("ensemble", ensemble_inputs("hi", 0), "max_tokens"),
         ("ensemble", [tensor("max_tokens", [[4]], "INT32")], "text_input"),
     ],

@@ -21,6 +21,11 @@ def test_defaults_decode_greedily_without_an_end_id():
     parsed = parse(request(), VOCAB)
     assert parsed.prompt_ids == [1, 2, 3] and not parsed.streaming
     assert parsed.params.greedy and parsed.params.end_id == -1 and parsed.params.max_tokens == 8
+    assert parsed.stream_interval is None  # the model's parameter decides
+
+
+def test_stream_interval_arrives():
+    assert parse(request(streaming=True, stream_interval=np.array([[4]], dtype=np.int32)), VOCAB).stream_interval == 4
 
 
 def test_any_sampling_tensor_turns_sampling_on():
@@ -79,6 +84,7 @@ def test_all_processing_tensors_arrive():
         ({"stop_words_list": np.array([[1, VOCAB], [2, -1]])}, "stop_words_list"),
         ({"stop_words_list": np.array([[1, 2, 3], [1, -1, 3]])}, "stop_words_list"),
         ({"streaming": np.array([[True, False]])}, "streaming"),
+        ({"stream_interval": 0}, "stream_interval"),
         ({"beam_width": 0}, "beam_width"),
         ({"beam_width": 17}, "beam_width"),
         ({"beam_width": 2, "temperature": 0.7}, "beam_width"),

@@ -40,6 +40,7 @@ class ParsedRequest:
     guide: tuple[str, str] | None  # (guided_decoding_guide_type, guided_decoding_guide)
     include_stop_words: bool  # false: a final stop word's tokens are left out of the response
     skip_special_tokens: bool  # handed on to the detokenizer
+    stream_interval: int | None  # new tokens per streamed response; None: the model's stream_interval
 
 
 def scalar(get: TensorLookup, name: str, default=None):
@@ -86,7 +87,15 @@ def parse(get: TensorLookup, vocab_size: int, triton_timeout_us: int = 0, hidden
         _guide(get),
         bool(scalar(get, "include_stop_words_in_output", True)),
         bool(scalar(get, "skip_special_tokens", True)),
+        _stream_interval(get),
     )
+
+
+def _stream_interval(get: TensorLookup) -> int | None:
+    interval = scalar(get, "stream_interval")
+    if interval is not None:
+        _check("stream_interval", interval, interval >= 1, ">= 1")
+    return interval
 
 
 def _guide(get: TensorLookup) -> tuple[str, str] | None:

@@ -26,6 +26,7 @@ from tritonllm.engine.sequence import FinishReason, samples_of
 from tritonllm.runtime import response_status
 from tritonllm.runtime.coalesce import PendingResponse, coalesce
 from tritonllm.runtime.model_config import ModelParameters, load_tokenizer
+from tritonllm.runtime.stream_interval import StreamInterval
 from tritonllm.tokenizer.detokenizer import CONTEXT_TOKENS
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -51,6 +52,8 @@ class TritonPythonModel:
         self.grammars = GrammarCompiler(load_tokenizer(params.model_dir()))
         self.hidden_size = self.engine.runner.model.config.hidden_size
         self.adapters = AdapterCache(lora_cache_size)
+        self.stream_interval = params.int("stream_interval", 1)
+        StreamInterval(self.stream_interval)  # refuses a bad value at load
         self.metrics = EngineMetrics()
         self.responses = ResponseQueue()
         self.thread = EngineThread(
@@ -100,7 +103,16 @@ class TritonPythonModel:
                     [
                         Submission(
                             seq,
-                            Responder(sender, wanted, parsed, self.metrics, self.responses, group, beams),
+                            Responder(
+                                sender,
+                                wanted,
+                                parsed,
+                                self.metrics,
+                                self.responses,
+                                group,
+                                StreamInterval(parsed.stream_interval or self.stream_interval),
+                                beams,
+                            ),
                             sender.is_cancelled,
                         )
                         for seq in samples
@@ -182,8 +194,8 @@ class SampleGroup:
 class Responder:
     """Turns engine outputs of one sample into response tensors; runs on the engine thread.
 
-    Streaming responses carry the new tokens; a non-streaming request gets one response per sample with all of
-    them. `sequence_index` tells the samples of a request apart.
+    Streaming responses carry the new tokens (paced by the model's `stream_interval`); a non-streaming request
+    gets one response per sample with all of them. `sequence_index` tells the samples of a request apart.
     """
 
     def __init__(
@@ -194,6 +206,7 @@ class Responder:
         metrics: EngineMetrics,
         responses: ResponseQueue,
         group: SampleGroup,
+        pacing: StreamInterval,
         beams: int = 0,
     ) -> None:
         self.sender = sender
@@ -206,6 +219,7 @@ class Responder:
         self.include_stop_words = request.include_stop_words
         self.detokenizing = {"skip_special_tokens": np.array([[request.skip_special_tokens]])}
         self.beams = beams  # beam search: how many of the best beams the final response carries
+        self.pacing = pacing
 
     def __call__(self, out) -> None:
         seq = out.seq
@@ -214,7 +228,10 @@ class Responder:
                 self._send_beams(out)
             return
         if self.streaming:
-            new = out.new_token_ids
+            span = self.pacing.take(seq.num_output_tokens, out.finished)
+            if span is None:
+                return
+            new = seq.output_ids[span]
         elif out.finished:
             new = seq.output_ids
         else:
