@@ -14,7 +14,8 @@ Each case reports output tokens/s, TTFT p50/p99, inter-token latency p50/p99 (ms
 run. Every case first runs the workload once unmeasured (warm-up: oneDNN builds its kernels per shape, the KV
 cache pages in), and d's engine and e's server then stay up for the measured runs, as a serving process would.
 Every run, warm-up included, gets prompts of its own, so none is served from another's prefix cache. The cases
-take turns (round-robin, `--repeat` rounds) and each keeps its median run.
+take turns (round-robin, `--repeat` rounds) and each keeps its median run. A run during which the VM's host took
+more than 10% of the CPU (steal) is done again with new prompts, at most twice.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import platform
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -40,6 +43,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 CASES = ("a", "b", "c", "d", "e", "e2")
+MAX_STEAL_PCT = 10.0
+RERUNS = 2
 
 
 @dataclass
@@ -298,7 +303,7 @@ def bench_model(name: str, cases: str, w: Workload, sample_a: int, repeat: int) 
     model_dir = ROOT / "models" / name
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     # set 0 warms up, set i is run i's
-    prompt_sets = [make_prompts(tokenizer, w, seed=7 + i) for i in range(repeat + 1)]
+    fresh_prompts = (make_prompts(tokenizer, w, seed=7 + i) for i in itertools.count())
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     keys = cases.split(",")
     with contextlib.ExitStack() as stack:
@@ -316,18 +321,33 @@ def bench_model(name: str, cases: str, w: Workload, sample_a: int, repeat: int) 
             runs["e2"] = lambda ids, texts: server(texts, stream_interval=2)
         for key in keys:
             print(f"[bench] {name}: case {key}, warm-up ...", file=sys.stderr, flush=True)
-            runs[key](*prompt_sets[0])
+            runs[key](*next(fresh_prompts))
         # Round-robin over the cases, so a slow spell of the machine falls on all of them rather than on one.
         trials: dict[str, list[Result]] = {key: [] for key in keys}
         for trial in range(1, repeat + 1):
             for key in keys:
                 print(f"[bench] {name}: case {key}, run {trial}/{repeat} ...", file=sys.stderr, flush=True)
-                before = cpu_ticks()
-                result = runs[key](*prompt_sets[trial])
-                result.steal_pct = steal_percent(before, cpu_ticks())
+                result = measured(runs[key], fresh_prompts)
                 trials[key].append(result)
                 print(f"[bench]   {json.dumps(asdict(result))}", file=sys.stderr, flush=True)
     return [median_run(t) for t in trials.values()]
+
+
+def measured(run, fresh_prompts: Iterator[tuple[list[list[int]], list[str]]]) -> Result:
+    """One run of a case; a run during which the VM's host took more than MAX_STEAL_PCT of the CPU is run again
+    (up to RERUNS times, each with new prompts) and noted, since steal slows the cases unevenly."""
+    redone = 0
+    while True:
+        before = cpu_ticks()
+        result = run(*next(fresh_prompts))
+        result.steal_pct = steal_percent(before, cpu_ticks())
+        if result.steal_pct <= MAX_STEAL_PCT or redone == RERUNS:
+            break
+        redone += 1
+        print(f"[bench]   {result.steal_pct:.0f}% steal, run again", file=sys.stderr, flush=True)
+    if redone:
+        result.note = f"{result.note}; {redone} run(s) over {MAX_STEAL_PCT:.0f}% steal redone".lstrip("; ")
+    return result
 
 
 def cpu_ticks() -> list[int]:
