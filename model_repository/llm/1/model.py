@@ -194,8 +194,9 @@ class SampleGroup:
 class Responder:
     """Turns engine outputs of one sample into response tensors; runs on the engine thread.
 
-    Streaming responses carry the new tokens (paced by the model's `stream_interval`); a non-streaming request
-    gets one response per sample with all of them. `sequence_index` tells the samples of a request apart.
+    Streaming responses carry the new tokens, every `stream_interval` of them (the request's, else the model's);
+    a non-streaming request gets one response per sample with all of them. `sequence_index` tells the samples of
+    a request apart.
     """
 
     def __init__(
