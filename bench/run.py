@@ -270,15 +270,15 @@ class TritonEnsemble(contextlib.AbstractContextManager):
 
         mine: list[float] = []
         starts.append(time.perf_counter())
+        # Read to the stream's end, not left at the final response: tritonserver 2.51 may crash when a call is
+        # cancelled (see tritonllm/shim/triton_client.py), which grpc.aio does to a call collected unfinished.
         async for result, error in client.stream_infer(requests()):
             if error is not None:
                 raise RuntimeError(error)
-            # a response may carry several tokens when the server's sender caught up on a backlog
+            # a response carries several tokens with stream_interval > 1, or when the server merged a backlog
             mine += [time.perf_counter()] * result.as_numpy("output_ids").size
         if len(mine) != self.w.new_tokens:
             raise RuntimeError(f"a stream brought {len(mine)} tokens, not {self.w.new_tokens}")
-        # Read to the stream's end, not left at the final response: tritonserver 2.51 may crash when a call is
-        # cancelled (see tritonllm/shim/triton_client.py), which grpc.aio does to a call collected unfinished.
         stamps.append(mine)
 
 
@@ -302,7 +302,7 @@ def bench_model(name: str, cases: str, w: Workload, sample_a: int, repeat: int) 
 
     model_dir = ROOT / "models" / name
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    # set 0 warms up, set i is run i's
+    # every run, warm-ups and redone runs included, takes the next set
     fresh_prompts = (make_prompts(tokenizer, w, seed=7 + i) for i in itertools.count())
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     keys = cases.split(",")
