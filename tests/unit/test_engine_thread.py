@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
+import pytest
 import torch
 
 from tritonllm.engine.engine import EngineConfig, LLMEngine
-from tritonllm.engine.engine_thread import EngineThread, Submission
+from tritonllm.engine.engine_thread import EngineThread, Submission, load_on_own_thread
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import FinishReason, Sequence
 
@@ -125,3 +129,48 @@ def test_no_cancellation_probe_runs_once_a_sequence_has_finished(tiny_model_dir)
     finally:
         thread.shutdown()
     assert late_probes == []
+
+
+def test_loading_on_its_own_thread_leaves_no_openmp_pool_behind():
+    """A thread that has run a parallel region keeps OpenMP workers alive beside it; the loader thread's go when it
+    ends. In a fresh process, since pytest's own thread has a pool already."""
+    script = textwrap.dedent(
+        """
+        import os
+        import time
+
+        import torch
+        from tritonllm.engine.engine_thread import load_on_own_thread
+
+        def threads():
+            return len(os.listdir("/proc/self/task"))
+
+        def parallel_work():
+            return torch.ones(1 << 22).add_(1).sum()
+
+        before = threads()
+        load_on_own_thread(parallel_work)
+        deadline = time.monotonic() + 10
+        while threads() > before and time.monotonic() < deadline:  # workers end a moment after their thread
+            time.sleep(0.05)
+        after_loader = threads()
+        parallel_work()
+        time.sleep(0.5)
+        print(before, after_loader, threads())
+        """
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], env={**os.environ, "OMP_NUM_THREADS": "2"}, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    before, after_loader, after_here = map(int, run.stdout.split())
+    assert after_loader == before
+    assert after_here > after_loader  # the count does see a pool
+
+
+def test_loading_failure_reaches_the_caller():
+    def broken():
+        raise ValueError("no such model")
+
+    with pytest.raises(ValueError, match="no such model"):
+        load_on_own_thread(broken)

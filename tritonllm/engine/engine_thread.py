@@ -14,11 +14,13 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from .engine import LLMEngine, StepOutput
 from .sequence import FinishReason, Sequence
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Overloaded(RuntimeError):
@@ -220,3 +222,29 @@ class EngineThread:
     def _fail_all(self, reason: FinishReason) -> None:
         for sub in list(self._live.values()):
             self._end(sub, reason)
+
+
+def load_on_own_thread(load: Callable[[], T]) -> T:
+    """Runs `load` (building the engine: loading the model, packing its weights) on a thread that then ends.
+
+    libgomp keeps an OpenMP thread pool for every thread that has run a parallel region, for as long as that
+    thread lives. Were the model loaded on the host's main thread (Triton's stub calls initialize() there), its
+    pool would stay beside the engine thread's, libgomp would count more OpenMP threads than cores, and its
+    workers would then sleep after some 100 spins between parallel regions instead of ~3 ms, so each region of
+    the forward pass pays for waking them. A thread that ends takes its pool with it.
+    """
+    built: list[T] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            built.append(load())
+        except BaseException as e:  # handed to the caller, whatever it is
+            failed.append(e)
+
+    loader = threading.Thread(target=run, name="llm-load")
+    loader.start()
+    loader.join()
+    if failed:
+        raise failed[0]
+    return built[0]

@@ -18,7 +18,7 @@ import triton_python_backend_utils as pb_utils
 
 from tritonllm.engine import inference_request, lora
 from tritonllm.engine.engine import EngineConfig, LLMEngine
-from tritonllm.engine.engine_thread import EngineThread, Overloaded, Submission
+from tritonllm.engine.engine_thread import EngineThread, Overloaded, Submission, load_on_own_thread
 from tritonllm.engine.grammar import GrammarCompiler
 from tritonllm.engine.logits_processors import matched_word
 from tritonllm.engine.lora import AdapterCache
@@ -48,7 +48,7 @@ class TritonPythonModel:
             enable_prefix_caching=params.bool("enable_prefix_caching", True),
             enable_lora=lora_cache_size > 0,
         )
-        self.engine = LLMEngine(config)
+        self.engine = load_on_own_thread(lambda: LLMEngine(config))
         self.grammars = GrammarCompiler(load_tokenizer(params.model_dir()))
         self.hidden_size = self.engine.runner.model.config.hidden_size
         self.adapters = AdapterCache(lora_cache_size)
