@@ -231,7 +231,8 @@ def load_on_own_thread(load: Callable[[], T]) -> T:
     thread lives. Were the model loaded on the host's main thread (Triton's stub calls initialize() there), its
     pool would stay beside the engine thread's, libgomp would count more OpenMP threads than cores, and its
     workers would then sleep after some 100 spins between parallel regions instead of ~3 ms, so each region of
-    the forward pass pays for waking them. A thread that ends takes its pool with it.
+    the forward pass pays for waking them. A thread that ends takes its pool with it. For the same reason the
+    host's thread must not run parallel torch work later (request parsing only makes numpy arrays and views).
     """
     built: list[T] = []
     failed: list[BaseException] = []
