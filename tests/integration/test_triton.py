@@ -222,7 +222,9 @@ def test_perf_analyzer_streams_against_the_ensemble(triton, tmp_path):
     # Its export embeds raw response bytes; only the timestamps matter here.
     profile = json.loads((tmp_path / "profile.json").read_bytes().decode("utf-8", "replace"))
     requests = profile["experiments"][0]["requests"]
-    assert requests and sum(len(r["response_timestamps"]) for r in requests) > 10 * len(requests)  # streamed
+    # Streamed: several responses per request. How many varies: a sender that falls behind the engine merges a
+    # stream's queued tokens into one response.
+    assert requests and sum(len(r["response_timestamps"]) for r in requests) > 2 * len(requests)
 
 
 def test_llm_processing_and_log_prob_tensors_equal_generate(stream, hf_model):
