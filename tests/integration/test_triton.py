@@ -429,7 +429,9 @@ def test_draft_tokens_through_triton_give_the_same_greedy_output(stream, hf_mode
     s.send("llm", [*llm_inputs(prompt, 10), tensor("draft_input_ids", [[*expected[:3], wrong]], "INT32")])
     results = s.until_final()
     first = results[0]
-    assert first.as_numpy("output_ids").reshape(-1).tolist() == expected[:4]  # 3 accepted, plus one
+    # 3 accepted, plus one; a sender that fell behind may have merged the next steps' tokens into the response
+    first_ids = first.as_numpy("output_ids").reshape(-1).tolist()
+    assert len(first_ids) >= 4 and first_ids == expected[: len(first_ids)]
     assert first.as_numpy("num_accepted_draft_tokens").item() == 3
     assert [t for r in results for t in r.as_numpy("output_ids").reshape(-1).tolist()] == expected
 
