@@ -13,6 +13,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -234,18 +235,6 @@ def load_on_own_thread(load: Callable[[], T]) -> T:
     the forward pass pays for waking them. A thread that ends takes its pool with it. For the same reason the
     host's thread must not run parallel torch work later (request parsing only makes numpy arrays and views).
     """
-    built: list[T] = []
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            built.append(load())
-        except BaseException as e:  # handed to the caller, whatever it is
-            failed.append(e)
-
-    loader = threading.Thread(target=run, name="llm-load")
-    loader.start()
-    loader.join()
-    if failed:
-        raise failed[0]
-    return built[0]
+    # leaving the block joins the worker thread; result() re-raises what load raised
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-load") as loader:
+        return loader.submit(load).result()
