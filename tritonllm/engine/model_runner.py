@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
-from . import lora, prepacked_linear
+from . import lora, model_check, prepacked_linear
 from .block_manager import BlockManager
 from .cpu_kernels import decode_attention
-from .paged_attention import ATTN_IMPLEMENTATION, AttentionGroup, KVCache, PaddedQueries, PagedBatch
+from .paged_attention import ATTN_IMPLEMENTATION, AttentionGroup, KVCache, LayerProbe, PaddedQueries, PagedBatch
 from .scheduler import ScheduledChunk
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -58,13 +58,22 @@ class ModelRunner:
         device: str = "auto",
         enable_lora: bool = False,
     ):
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=self.dtype, attn_implementation=ATTN_IMPLEMENTATION
-        ).to(self.device)
+        model_check.check_config(AutoConfig.from_pretrained(model_dir))
+        try:
+            self.model = AutoModelForCausalLM.from_pretrained(
+                model_dir, dtype=self.dtype, attn_implementation=ATTN_IMPLEMENTATION
+            ).to(self.device)
+        except (ValueError, KeyError) as e:  # an architecture whose attention cannot be swapped for another
+            if ATTN_IMPLEMENTATION not in str(e) and "attention" not in str(e):
+                raise
+            raise model_check.UnsupportedModelError(
+                f"its attention does not go through transformers' AttentionInterface, so the paged attention "
+                f"cannot replace it ({type(e).__name__}: {e})"
+            ) from e
         self.model.eval()
         if prepacked_linear.available(self.device, self.dtype):
             prepacked_linear.prepack(self.model)
@@ -81,10 +90,13 @@ class ModelRunner:
             self.dtype,
             self.device,
         )
+        model_check.check_against_eager(self)
 
     @torch.inference_mode()
-    def forward(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """Runs the chunks as one packed batch.
+    def forward(
+        self, chunks: list[ScheduledChunk], probe: LayerProbe | None = None
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Runs the chunks as one packed batch (`probe`: see model_check).
 
         Returns float32 logits for the chunks that sample, in order: one row each, plus one per draft token it
         carries; and, for sequences that asked for context logits, the logits of this chunk's prompt positions
@@ -115,6 +127,7 @@ class ModelRunner:
             cache=self.cache,
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             groups=self._groups(chunks),
+            probe=probe,
         )
         self._assign_adapters(chunks)
         out = self.model(
@@ -190,22 +203,25 @@ class ModelRunner:
     def _padded(self, members: list[tuple[ScheduledChunk, int]], max_q: int, max_blocks: int) -> PaddedQueries:
         bs, b = self.blocks.block_size, len(members)
         query_index = torch.zeros(b, max_q, dtype=torch.long)
-        mask = torch.zeros(b, 1, max_q, max_blocks * bs, dtype=torch.bool)
+        query_positions = torch.zeros(b, 1, max_q, 1, dtype=torch.long)
+        causal = torch.zeros(b, 1, max_q, max_blocks * bs, dtype=torch.bool)
         valid = torch.zeros(b, max_q, dtype=torch.bool)
         for i, (chunk, offset) in enumerate(members):
             start, n = chunk.seq.num_computed, chunk.num_fed
             ctx = start + n
             query_index[i, :n] = torch.arange(offset, offset + n)
             query_index[i, n:] = offset + n - 1
+            query_positions[i, 0, :n, 0] = torch.arange(start, ctx)
             # Query j sits at position start + j and sees keys 0..start + j.
-            mask[i, 0, :n, :ctx] = torch.arange(ctx)[None, :] <= (start + torch.arange(n))[:, None]
-            mask[i, 0, n:, 0] = True  # padded rows attend somewhere, so they stay finite
+            causal[i, 0, :n, :ctx] = torch.arange(ctx)[None, :] <= (start + torch.arange(n))[:, None]
+            causal[i, 0, n:, 0] = True  # padded rows attend somewhere, so they stay finite
             valid[i, :n] = True
         dev = self.device
         buffer_shape = (b * max_blocks, bs, self.shape.num_kv_heads, self.shape.head_dim)
         return PaddedQueries(
             query_index=query_index.to(dev),
-            mask=mask.to(dev),
+            query_positions=query_positions.to(dev),
+            causal=causal.to(dev),
             valid=valid.flatten().to(dev),
             key_buffer=torch.empty(buffer_shape, dtype=self.dtype, device=dev),
             value_buffer=torch.empty(buffer_shape, dtype=self.dtype, device=dev),

@@ -9,11 +9,14 @@ The decode group, on CPU in float32, runs the native kernel (cpu_kernels.py), wh
 place through the block tables. Otherwise the cache, laid out [num_blocks, block_size, kv_heads, head_dim], is
 gathered whole block by block (four times faster than slot by slot here) into scratch buffers that every layer
 of a step reuses rather than allocating (and page-faulting) megabytes per layer, and goes to SDPA.
+
+Each layer's own attention arguments apply on both paths: its scaling, its sliding window (Mistral, Qwen2, the
+local layers of Gemma 2 and 3) and its score cap (Gemma 2). Rotary embeddings, per layer or not, are the model's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -29,11 +32,22 @@ class PaddedQueries:
     """What SDPA over gathered blocks needs beyond the block tables (groups that the native kernel does not run)."""
 
     query_index: torch.Tensor  # [B, max_q] positions in the packed batch (padding repeats a valid one)
-    mask: torch.Tensor  # [B, 1, max_q, max_blocks * block_size] True where a query may attend
+    query_positions: torch.Tensor  # [B, 1, max_q, 1] each query's position in its sequence (padding: 0)
+    causal: torch.Tensor  # [B, 1, max_q, max_blocks * block_size] True where a query may attend, window aside
     valid: torch.Tensor  # [B * max_q] which padded query rows are real
     # [B * max_blocks, block_size, kv_heads, head_dim] scratch shared by the layers
     key_buffer: torch.Tensor
     value_buffer: torch.Tensor
+    windowed: dict[int, torch.Tensor] = field(default_factory=dict)  # masks of the step's sliding windows
+
+    def mask(self, window: int | None) -> torch.Tensor:
+        """The causal mask, narrowed to the last `window` positions as transformers does (q - k < window)."""
+        if window is None:
+            return self.causal
+        if window not in self.windowed:
+            keys = torch.arange(self.causal.shape[-1], device=self.causal.device)
+            self.windowed[window] = self.causal & (keys > self.query_positions - window)
+        return self.windowed[window]
 
 
 @dataclass
@@ -74,6 +88,28 @@ class PagedBatch:
     cache: KVCache
     slot_mapping: torch.Tensor  # [total_tokens] cache slot of each new token
     groups: list[AttentionGroup]
+    probe: LayerProbe | None = None  # set at load, to see what each layer asks of attention
+
+
+# Keyword arguments that transformers' models hand attention without changing what it computes.
+INERT_ARGUMENTS = frozenset(
+    {"position_ids", "use_cache", "output_attentions", "output_router_logits", "cache_position"}
+)
+
+
+@dataclass
+class LayerProbe:
+    """Records, per layer, the key shape and any argument this attention does not implement (e.g. gpt-oss's
+    attention sinks), so that the model check refuses such a model at load instead of serving it inexactly."""
+
+    key_shapes: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    unsupported: dict[str, set[int]] = field(default_factory=dict)
+
+    def record(self, layer: int, key: torch.Tensor, kwargs: dict) -> None:
+        self.key_shapes[layer] = (key.shape[1], key.shape[3])
+        for name, value in kwargs.items():
+            if name not in INERT_ARGUMENTS and value is not None and value is not False:
+                self.unsupported.setdefault(name, set()).add(layer)
 
 
 def paged_attention(
@@ -85,11 +121,15 @@ def paged_attention(
     scaling: float | None = None,
     dropout: float = 0.0,
     paged_batch: PagedBatch | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     if paged_batch is None:
         raise RuntimeError(f"{ATTN_IMPLEMENTATION} attention needs the engine's paged_batch argument")
     layer = module.layer_idx
+    if paged_batch.probe is not None:
+        paged_batch.probe.record(layer, key, kwargs)
     k_cache = paged_batch.cache.key[layer]
     v_cache = paged_batch.cache.value[layer]
     # query [1, Hq, T, D], key/value [1, Hkv, T, D] -> token-major [T, H, D]
@@ -99,6 +139,7 @@ def paged_attention(
 
     out = torch.empty_like(q)
     num_heads, head_dim = q.shape[1], q.shape[2]
+    scale = scaling if scaling is not None else head_dim**-0.5
     for g in paged_batch.groups:
         if g.padded is None:
             decoded = decode_attention(
@@ -107,21 +148,33 @@ def paged_attention(
                 v_cache,
                 g.block_index.view(len(g.context_lens), -1),
                 g.context_lens,
-                scaling if scaling is not None else head_dim**-0.5,
+                scale,
+                sliding_window or 0,
+                softcap or 0.0,
             )
             out[g.out_index] = decoded
             continue
         p = g.padded
-        batch, context = p.mask.shape[0], p.mask.shape[-1]
+        batch, context = p.causal.shape[0], p.causal.shape[-1]
         qg = q[p.query_index].transpose(1, 2)  # [B, Hq, max_q, D]
         torch.index_select(k_cache, 0, g.block_index, out=p.key_buffer)
         torch.index_select(v_cache, 0, g.block_index, out=p.value_buffer)
         kg = p.key_buffer.view(batch, context, *k_cache.shape[2:]).transpose(1, 2)  # [B, Hkv, ctx, D]
         vg = p.value_buffer.view(batch, context, *v_cache.shape[2:]).transpose(1, 2)
-        og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=p.mask, scale=scaling, enable_gqa=True)
+        og = _attend(qg, kg, vg, p.mask(sliding_window), scale, softcap)
         rows = og.transpose(1, 2).reshape(-1, num_heads, head_dim)
         out[g.out_index] = rows[p.valid]
     return out.unsqueeze(0), None
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, softcap):
+    """SDPA, or, for a model that caps its scores (softcap * tanh(score / softcap)), the same in plain ops."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    groups = q.shape[1] // k.shape[1]
+    scores = q @ k.repeat_interleave(groups, 1).transpose(-1, -2) * scale
+    scores = (torch.tanh(scores / softcap) * softcap).masked_fill(~mask, float("-inf"))
+    return scores.softmax(-1, dtype=torch.float32).to(q.dtype) @ v.repeat_interleave(groups, 1)
 
 
 AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention)

@@ -15,6 +15,7 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cstdint>
 #include <limits>
@@ -77,8 +78,11 @@ float exp_shifted(float* row, int64_t n) {
 
 // q: [B, Hq, D]; k_cache, v_cache: [num_blocks, block_size, Hkv, D]; block_tables: [B, max_blocks] int64;
 // context_lens: [B] int64. Returns [B, Hq, D]. All float32, contiguous.
+// window > 0: the query sees only the last `window` positions (transformers' sliding window: q - k < window).
+// softcap > 0: scores become softcap * tanh(score / softcap) after scaling, as Gemma 2's attention does.
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                                     torch::Tensor block_tables, torch::Tensor context_lens, double scale) {
+                                     torch::Tensor block_tables, torch::Tensor context_lens, double scale,
+                                     int64_t window, double softcap) {
   TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k_cache.scalar_type() == torch::kFloat32, "float32 only");
   TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(), "contiguous inputs only");
   const int64_t batch = q.size(0), q_heads = q.size(1), dim = q.size(2);
@@ -91,30 +95,36 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   const int64_t* tables = block_tables.data_ptr<int64_t>();
   const int64_t* lens = context_lens.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
-  const float fscale = static_cast<float>(scale);
+  const float fscale = static_cast<float>(scale), fsoftcap = static_cast<float>(softcap);
   const int64_t position_stride = kv_heads * dim;
 
   // One sequence: the cache holds all heads of a position side by side, so keys are read position by position
   // with every head at once, and values block by block, each read front to back exactly once.
   auto attend = [&](int64_t b, std::vector<float>& scores, std::vector<float>& totals) {
     const int64_t len = lens[b];
+    const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0, seen = len - first;
     const float* query = qp + b * q_heads * dim;
     const int64_t* table = tables + b * max_blocks;
-    scores.resize(q_heads * len);
-    for (int64_t pos = 0; pos < len; ++pos) {
+    scores.resize(q_heads * seen);
+    for (int64_t pos = first; pos < len; ++pos) {
       const float* keys = kp + (table[pos / block_size] * block_size + pos % block_size) * position_stride;
-      for (int64_t h = 0; h < q_heads; ++h)
-        scores[h * len + pos] = dot(query + h * dim, keys + (h / group) * dim, dim) * fscale;
+      for (int64_t h = 0; h < q_heads; ++h) {
+        float score = dot(query + h * dim, keys + (h / group) * dim, dim) * fscale;
+        if (fsoftcap > 0.f) score = fsoftcap * std::tanh(score / fsoftcap);
+        scores[h * seen + pos - first] = score;
+      }
     }
     totals.resize(q_heads);
-    for (int64_t h = 0; h < q_heads; ++h) totals[h] = exp_shifted(scores.data() + h * len, len);
+    for (int64_t h = 0; h < q_heads; ++h) totals[h] = exp_shifted(scores.data() + h * seen, seen);
     float* result = op + b * q_heads * dim;
-    for (int64_t start = 0; start < len; start += block_size) {
-      const float* values = vp + table[start / block_size] * block_size * position_stride;
-      const int64_t count = std::min(block_size, len - start);
+    // Runs of positions that lie in one block; the first may start mid-block when a window cuts the context.
+    for (int64_t start = first; start < len;) {
+      const int64_t offset = start % block_size, count = std::min(block_size - offset, len - start);
+      const float* values = vp + (table[start / block_size] * block_size + offset) * position_stride;
       for (int64_t h = 0; h < q_heads; ++h)
-        accumulate(result + h * dim, scores.data() + h * len + start, values + (h / group) * dim, count,
+        accumulate(result + h * dim, scores.data() + h * seen + start - first, values + (h / group) * dim, count,
                    position_stride, dim);
+      start += count;
     }
     for (int64_t h = 0; h < q_heads; ++h) {
       const float inverse = 1.f / totals[h];

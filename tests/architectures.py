@@ -1,0 +1,91 @@
+"""Tiny random models of the architecture families users serve, built locally (no hub), for the engine's oracles.
+
+Each shares the demo tokenizer's vocabulary. Models with sliding-window attention get a short window (WINDOW),
+so prompts of a few dozen tokens already cross it; Gemma 3 interleaves windowed and global layers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+WINDOW = 16
+
+# A wide init spreads the logits of random weights, so greedy argmax stays far from ties (see demo_model.py).
+_COMMON = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    initializer_range=0.25,
+)
+
+# family -> (config class name in transformers, settings beyond _COMMON)
+ARCHITECTURES: dict[str, tuple[str, dict]] = {
+    "llama": ("LlamaConfig", {}),
+    "mistral": ("MistralConfig", {"sliding_window": WINDOW}),
+    "qwen2": ("Qwen2Config", {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1}),
+    "qwen3": ("Qwen3Config", {"head_dim": 32}),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "decoder_sparse_step": 1},
+    ),
+    "mixtral": ("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": WINDOW}),
+    "gemma": ("GemmaConfig", {"head_dim": 16}),
+    "gemma2": (
+        "Gemma2Config",
+        {"head_dim": 16, "sliding_window": WINDOW, "attn_logit_softcapping": 5.0, "query_pre_attn_scalar": 24},
+    ),
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        {"head_dim": 16, "sliding_window": WINDOW, "sliding_window_pattern": 2, "query_pre_attn_scalar": 24},
+    ),
+    "phi3": ("Phi3Config", {"sliding_window": WINDOW}),
+    "olmo2": ("Olmo2Config", {}),
+    "granite": ("GraniteConfig", {"attention_multiplier": 0.2, "embedding_multiplier": 2.0, "logits_scaling": 2.0}),
+    "gpt_neox": ("GPTNeoXConfig", {"rotary_pct": 0.5}),
+    "gpt2": ("GPT2Config", {}),
+    "opt": ("OPTConfig", {}),
+}
+
+# Architectures whose configs name their sizes differently.
+_RENAMED = {
+    "gpt2": {
+        "hidden_size": "n_embd",
+        "num_hidden_layers": "n_layer",
+        "num_attention_heads": "n_head",
+        "intermediate_size": "n_inner",
+        "max_position_embeddings": "n_positions",
+    },
+    "opt": {"intermediate_size": "ffn_dim"},
+}
+_NO_GQA = {"gpt_neox", "gpt2", "opt"}
+
+
+def build_architecture(family: str, tokenizer, out_dir: Path) -> Path:
+    """Writes a tiny random `family` model with the given tokenizer into out_dir/family."""
+    import torch
+    import transformers
+
+    class_name, extra = ARCHITECTURES[family]
+    settings = dict(_COMMON)
+    if family in _NO_GQA:
+        del settings["num_key_value_heads"]
+    for ours, theirs in _RENAMED.get(family, {}).items():
+        settings[theirs] = settings.pop(ours)
+    settings.update(extra)
+    config = getattr(transformers, class_name)(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+        **settings,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    target = out_dir / family
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return target

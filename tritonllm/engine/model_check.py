@@ -1,0 +1,98 @@
+"""Refuses, at load, a model that the paged attention cannot run exactly: never silently wrong output.
+
+Two checks. The config names attention kinds this engine does not implement (chunked, bidirectional, linear or
+state-space layers). Then a probe: a short prompt goes through the engine's own path, a prefill and a decode
+step over the paged cache, and through transformers' eager attention on the same weights. Every layer must have
+attended through the paged cache, with no argument it does not implement (gpt-oss's attention sinks, say), and
+the two must give the same logits.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from .paged_attention import ATTN_IMPLEMENTATION, LayerProbe
+from .sampling_params import SamplingParams
+from .scheduler import ScheduledChunk
+from .sequence import Sequence
+
+if TYPE_CHECKING:
+    from .model_runner import ModelRunner
+
+SUPPORTED_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+PROBE_TOKENS = 40  # crosses the windows of the test models; real windows are covered by the engine's own tests
+# Largest logit difference from eager attention, as a fraction of the largest logit: float32 differs only in
+# summation order; half precision rounds every op.
+TOLERANCE = {torch.float32: 1e-3, torch.float16: 5e-2, torch.bfloat16: 5e-2}
+
+
+class UnsupportedModelError(ValueError):
+    """The engine cannot serve this model exactly; the message names what it lacks."""
+
+
+def check_config(config) -> None:
+    problems = []
+    unknown_layers = sorted(set(getattr(config, "layer_types", None) or []) - SUPPORTED_LAYER_TYPES)
+    if unknown_layers:
+        problems.append(f"layer types {unknown_layers} (only {sorted(SUPPORTED_LAYER_TYPES)} are implemented)")
+    if getattr(config, "use_bidirectional_attention", False):
+        problems.append("bidirectional attention (use_bidirectional_attention)")
+    if getattr(config, "attention_chunk_size", None):
+        problems.append("chunked attention (attention_chunk_size)")
+    if getattr(config, "is_encoder_decoder", False):
+        problems.append("an encoder-decoder architecture")
+    if problems:
+        raise UnsupportedModelError(f"{config.model_type} model with " + "; ".join(problems))
+
+
+def check_against_eager(runner: ModelRunner) -> None:
+    """Runs the probe; raises UnsupportedModelError where the paged path is not the model's own attention."""
+    blocks, shape = runner.blocks, runner.shape
+    length = min(PROBE_TOKENS, blocks.num_blocks * blocks.block_size, shape.max_position_embeddings)
+    ids = [(i * 7919 + 11) % shape.vocab_size for i in range(length)]
+    probe = LayerProbe()
+    try:
+        paged = _paged_logits(runner, ids, probe)
+        eager = _eager_logits(runner.model, ids)
+    except Exception as e:
+        raise UnsupportedModelError(f"the paged attention cannot run this model: {type(e).__name__}: {e}") from e
+    missing = sorted(set(range(shape.num_layers)) - set(probe.key_shapes))
+    if missing:
+        raise UnsupportedModelError(
+            f"layers {missing} do not attend through the KV cache (linear-attention or state-space layers?)"
+        )
+    if probe.unsupported:
+        named = ", ".join(f"{name} (layers {sorted(layers)})" for name, layers in sorted(probe.unsupported.items()))
+        raise UnsupportedModelError(f"attention arguments the paged attention does not implement: {named}")
+    difference = (paged - eager).abs().max().item()
+    allowed = TOLERANCE[runner.dtype] * eager.abs().max().item()
+    if not difference <= allowed:
+        raise UnsupportedModelError(
+            f"the paged attention's logits differ from transformers' eager attention by {difference:.3g} "
+            f"(allowed {allowed:.3g}) on a {length}-token probe"
+        )
+
+
+def _paged_logits(runner: ModelRunner, ids: list[int], probe: LayerProbe) -> torch.Tensor:
+    """Logits of every position: a prefill of all tokens but the last, then a decode step of the last."""
+    seq = Sequence(ids[:-1], SamplingParams(max_tokens=1, return_context_logits=True))
+    runner.blocks.grow(seq, len(ids))
+    try:
+        _, context = runner.forward([ScheduledChunk(seq, len(ids) - 1)], probe)
+        seq.num_computed = len(ids) - 1
+        seq.token_ids.append(ids[-1])
+        decoded, _ = runner.forward([ScheduledChunk(seq, 1)], probe)
+    finally:
+        runner.blocks.free(seq)
+    return torch.cat([context.get(0, decoded[:0]), decoded])
+
+
+@torch.inference_mode()
+def _eager_logits(model, ids: list[int]) -> torch.Tensor:
+    model.set_attn_implementation("eager")
+    try:
+        return model(input_ids=torch.tensor([ids], device=model.device), use_cache=False).logits[0].float()
+    finally:
+        model.set_attn_implementation(ATTN_IMPLEMENTATION)
