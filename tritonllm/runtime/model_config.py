@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+from . import gguf
+
 MODEL_DIR_ENV = "TRITONLLM_MODEL_DIR"
 
 
@@ -26,16 +28,18 @@ class ModelParameters:
         return self.get(name, str(default)).strip().lower() in ("1", "true", "yes", "on")
 
     def model_dir(self) -> Path:
-        """The `TRITONLLM_MODEL_DIR` environment variable, else the `model_dir` parameter.
+        """The `TRITONLLM_MODEL_DIR` environment variable, else the `model_dir` parameter: an HF directory, or a
+        GGUF file, which is dequantized into one on first use.
 
         A relative `model_dir` is taken from the folder that holds the model repository, so the repository
         works wherever the project is checked out or mounted.
         """
-        path = self.path(os.environ.get(MODEL_DIR_ENV) or self.get("model_dir", "models/small"))
+        path = self.path(os.environ.get(MODEL_DIR_ENV) or self.get("model_dir", "models/SmolLM2-135M-Instruct"))
+        path = gguf.hf_model_dir(path)
         if not (path / "config.json").exists():
             raise FileNotFoundError(
-                f"no HF model at {path} (set {MODEL_DIR_ENV} or the model_dir parameter; "
-                "`make model` builds the demo models)"
+                f"no HF model or .gguf file at {path} (set {MODEL_DIR_ENV} or the model_dir parameter; "
+                "`make model` builds the default and the demo models)"
             )
         return path
 
