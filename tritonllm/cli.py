@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 from .embedding import EMBEDDING_MODEL_DIR_ENV
-from .runtime.model_config import MODEL_DIR_ENV
+from .runtime.model_config import MODEL_DIR_ENV, TOOL_CALL_PARSER_ENV
+from .tokenizer.tool_calls import FORMATS, resolve_format
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODELS = PROJECT_ROOT / "models"
@@ -52,6 +53,7 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .runtime import gguf
+    from .runtime.model_config import load_tokenizer
     from .runtime.tritonserver import ServerError, TritonServer, port_is_free
     from .shim.app import create_app
     from .shim.settings import ShimSettings
@@ -70,6 +72,8 @@ def serve(args: argparse.Namespace) -> int:
     if gguf.is_gguf(given):
         _progress(f"dequantizing {given.name} into an HF directory (once, then cached)")
     model_dir = gguf.hf_model_dir(given)
+    tool_format = resolve_format(args.tool_call_parser, load_tokenizer(model_dir)).name
+    _progress(f"tool calls in the {tool_format} format")
     if not port_is_free(args.host, args.shim_port):
         _progress(f"shim port {args.shim_port} on {args.host} is in use; pick another with --shim-port")
         return 2
@@ -80,7 +84,7 @@ def serve(args: argparse.Namespace) -> int:
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
         host=args.host,
-        env={MODEL_DIR_ENV: str(model_dir)}
+        env={MODEL_DIR_ENV: str(model_dir), TOOL_CALL_PARSER_ENV: tool_format}
         | (
             {EMBEDDING_MODEL_DIR_ENV: str(Path(args.embedding_model_dir).resolve())} if args.embedding_model_dir else {}
         ),
@@ -98,6 +102,7 @@ def serve(args: argparse.Namespace) -> int:
             embedding_model_name=args.embedding_model_name,
             default_max_tokens=args.default_max_tokens,
             full_text_enabled=args.full_text,
+            tool_call_parser=tool_format,
         )
         _progress(f"shim on http://{args.host}:{args.shim_port} serving model {settings.served_model_name!r}")
         uvicorn.run(create_app(settings), host=args.host, port=args.shim_port, log_level="warning")
@@ -125,6 +130,7 @@ def shim(args: argparse.Namespace) -> int:
         embedding_model_name=args.embedding_model_name,
         default_max_tokens=args.default_max_tokens,
         full_text_enabled=args.full_text,
+        tool_call_parser=args.tool_call_parser,
     )
     _progress(f"shim on http://{args.host}:{args.port} -> triton {args.triton_grpc_url}")
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning")
@@ -159,16 +165,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shim-port", type=int, default=9000)
     p.add_argument("--default-max-tokens", type=int, default=256, help="for requests without max_tokens")
     p.add_argument("--full-text", action="store_true", help="stream the whole text so far in every event")
+    p.add_argument(
+        "--tool-call-parser",
+        default="auto",
+        choices=["auto", *FORMATS],
+        help="how the model writes tool calls (default: detected from its chat template)",
+    )
     p.set_defaults(func=serve)
 
     p = sub.add_parser("shim", help="run only the HTTP shim against a running tritonserver")
     p.add_argument("--triton-grpc-url", default="127.0.0.1:8001")
-    p.add_argument("--served-model-name", default="small")
+    p.add_argument("--served-model-name", default=DEFAULT_MODEL)
     p.add_argument("--embedding-model-name", default="all-MiniLM-L6-v2", help="the name /v1/embeddings answers to")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9000)
     p.add_argument("--default-max-tokens", type=int, default=256, help="for requests without max_tokens")
     p.add_argument("--full-text", action="store_true", help="stream the whole text so far in every event")
+    p.add_argument(
+        "--tool-call-parser",
+        default="json",
+        choices=list(FORMATS),
+        help="how the model writes tool calls; must match Triton's (`serve` prints the one it detects)",
+    )
     p.set_defaults(func=shim)
 
     p = sub.add_parser("build-demo-model", help="write the deterministic demo models (tiny, small)")

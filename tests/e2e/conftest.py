@@ -19,7 +19,11 @@ EMBEDDING_MODEL = "all-MiniLM-L6-v2"  # the shim's default name for it
 @pytest.fixture(scope="session")
 def shim_url(triton):
     port = free_port()
-    app = create_app(ShimSettings(triton_grpc_url=triton.grpc_url, served_model_name=MODEL, default_max_tokens=32))
+    app = create_app(
+        ShimSettings(
+            triton_grpc_url=triton.grpc_url, served_model_name=MODEL, default_max_tokens=32, tool_call_parser="hermes"
+        )
+    )
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

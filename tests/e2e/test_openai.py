@@ -225,22 +225,50 @@ ADD = {
 }
 
 
+def streamed_calls(chunks) -> tuple[list[dict], list[str]]:
+    """Tool calls put together from their deltas (id and name first, then the arguments in pieces)."""
+    calls: dict[int, dict] = {}
+    for delta in (ch.delta for chunk in chunks for ch in chunk.choices):
+        for piece in delta.tool_calls or []:
+            if piece.id is not None:
+                assert piece.index not in calls and piece.function.name and piece.function.arguments == ""
+                calls[piece.index] = {"id": piece.id, "name": piece.function.name, "arguments": ""}
+            calls[piece.index]["arguments"] += piece.function.arguments or ""
+    finish = [ch.finish_reason for chunk in chunks for ch in chunk.choices if ch.finish_reason]
+    return [calls[i] for i in sorted(calls)], finish
+
+
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}])
 @pytest.mark.parametrize("stream", [False, True])
 def test_forced_tool_calls_parse_and_validate(openai_client, choice, stream):
     kwargs = dict(tools=[WEATHER, ADD], tool_choice=choice, max_tokens=120, temperature=1.0, seed=3)
     if stream:
-        chunks = list(chat(openai_client, stream=True, **kwargs))
-        calls = [c for chunk in chunks for ch in chunk.choices for c in (ch.delta.tool_calls or [])]
-        finish = [ch.finish_reason for chunk in chunks for ch in chunk.choices if ch.finish_reason]
+        calls, finish = streamed_calls(list(chat(openai_client, stream=True, **kwargs)))
     else:
         response = chat(openai_client, **kwargs)
-        calls, finish = response.choices[0].message.tool_calls, [response.choices[0].finish_reason]
-    assert calls and finish == ["tool_calls"]
+        message = response.choices[0].message
+        calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments} for c in message.tool_calls]
+        finish = [response.choices[0].finish_reason]
+    # OpenAI ends a call forced by name with "stop"
+    assert calls and finish == ["tool_calls" if choice == "required" else "stop"]
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, ADD)}
     for call in calls:
-        assert isinstance(choice, str) or call.function.name == "add"
-        jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+        assert isinstance(choice, str) or call["name"] == "add"
+        jsonschema.validate(json.loads(call["arguments"]), schemas[call["name"]])
+
+
+def test_streamed_tool_calls_equal_the_whole_answer(openai_client):
+    kwargs = dict(tools=[WEATHER, ADD], tool_choice="required", max_tokens=120, temperature=1.0, seed=5)
+    streamed, _ = streamed_calls(list(chat(openai_client, stream=True, **kwargs)))
+    whole = chat(openai_client, **kwargs).choices[0].message.tool_calls
+    assert [(c["name"], c["arguments"]) for c in streamed] == [(c.function.name, c.function.arguments) for c in whole]
+
+
+def test_parallel_tool_calls_false_makes_at_most_one_call(openai_client):
+    kwargs = dict(tools=[WEATHER, ADD], tool_choice="required", parallel_tool_calls=False, max_tokens=120, seed=3)
+    for seed in range(3):
+        calls = chat(openai_client, **{**kwargs, "seed": seed}).choices[0].message.tool_calls
+        assert len(calls) == 1
 
 
 def test_auto_tool_choice_returns_text_or_valid_calls(openai_client):

@@ -10,6 +10,7 @@ not learnt JSON finishes its objects in few tokens.
 from __future__ import annotations
 
 import json
+import re
 
 import llguidance
 import llguidance.hf
@@ -26,6 +27,13 @@ class GrammarCompiler:
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = llguidance.hf.from_tokenizer(tokenizer)
+        # llguidance never matches a special token against text, so a Lark string that spells one (a tool-call
+        # tag such as Qwen's "<tool_call>") is read as that token: grammars need not know the vocabulary.
+        self.special_tokens = {
+            text: token
+            for text, token in tokenizer.get_added_vocab().items()
+            if token < self.tokenizer.vocab_size and self.tokenizer.is_special_token(token)
+        }
 
     def matcher(self, guide_type: str, guide: str) -> Grammar:
         """Raises ValueError naming the guided_decoding tensors when the guide is not valid."""
@@ -39,13 +47,29 @@ class GrammarCompiler:
             elif guide_type == "regex":
                 grammar = llguidance.LLMatcher.grammar_from_regex(guide)
             else:
-                grammar = llguidance.LLMatcher.grammar_from_lark(guide)
+                grammar = llguidance.LLMatcher.grammar_from_lark(self._special_tokens_named(guide))
         except (ValueError, TypeError) as e:
             raise ValueError(f"guided_decoding_guide is not a valid {guide_type}: {e}") from e
         matcher = llguidance.LLMatcher(self.tokenizer, grammar)
         if matcher.is_error():
             raise ValueError(f"guided_decoding_guide is not a valid {guide_type}: {matcher.get_error()}")
         return Grammar(matcher, self.tokenizer.vocab_size)
+
+    def _special_tokens_named(self, lark: str) -> str:
+        """`"<tool_call>"` -> `<[id]>` where that string is one special token; JSON after `%json` stays as it is."""
+
+        def token(match: re.Match) -> str:
+            found = self.special_tokens.get(json.loads(match.group(0)))
+            return match.group(0) if found is None else f"<[{found}]>"
+
+        lines = []
+        for line in lark.splitlines():
+            rules, json_mark, schema = line.partition("%json")
+            lines.append(_LARK_STRING.sub(token, rules) + json_mark + schema)
+        return "\n".join(lines)
+
+
+_LARK_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
 class Grammar:

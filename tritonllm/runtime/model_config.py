@@ -9,6 +9,7 @@ from pathlib import Path
 from . import gguf
 
 MODEL_DIR_ENV = "TRITONLLM_MODEL_DIR"
+TOOL_CALL_PARSER_ENV = "TRITONLLM_TOOL_CALL_PARSER"  # overrides preprocessing's tool_call_parser parameter
 
 
 class ModelParameters:

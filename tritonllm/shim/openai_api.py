@@ -19,11 +19,10 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..tokenizer.stop_strings import StopStringMatcher
+from ..tokenizer.tool_calls import FORMATS, ToolCallFormat, ToolCallParser
 from .errors import APIError, json_body
 from .generation import STOP_STRING, Piece, generate, until_disconnected
 from .settings import ShimSettings
-from .tools import OPEN, forcing_grammar, parse_tool_calls
 from .triton_client import GenerationRequest, TokenLogprob
 
 UINT64_MAX = (1 << 64) - 1
@@ -176,6 +175,7 @@ class ChatRequest(SamplingFields):
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     tools: Annotated[list[ToolObject], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # false: at most one call
     response_format: ResponseFormat | None = None
 
     def forced_tools(self) -> tuple[list[dict], bool] | None:
@@ -185,7 +185,7 @@ class ChatRequest(SamplingFields):
         if choice == "required":
             if not functions:
                 raise APIError(400, "tool_choice 'required' needs tools", "tool_choice")
-            return functions, True
+            return functions, self.parallel_tool_calls is not False
         if isinstance(choice, dict):
             name = (choice.get("function") or {}).get("name")
             named = [f for f in functions if f["name"] == name]
@@ -197,12 +197,12 @@ class ChatRequest(SamplingFields):
     def tools_active(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
 
-    def guide(self) -> tuple[str, str] | None:
+    def guide(self, tool_format: ToolCallFormat) -> tuple[str, str] | None:
         forced = self.forced_tools()
         if forced is not None:
             if self.response_format and self.response_format.type != "text":
                 raise APIError(400, "response_format cannot be combined with a forced tool_choice", "response_format")
-            return "lark", forcing_grammar(*forced)
+            return "lark", tool_format.grammar(*forced)
         fmt = self.response_format
         if fmt is None or fmt.type == "text":
             return None
@@ -386,7 +386,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
             settings.default_max_tokens,
             messages=messages,
             tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
-            guide=body.guide(),
+            guide=body.guide(FORMATS[settings.tool_call_parser]),
             logprobs=bool(body.logprobs) or None,
             top_logprobs=body.top_logprobs if body.logprobs else None,
         )
@@ -505,7 +505,15 @@ class ChatRender(_Render):
     def __init__(self, body: ChatRequest, settings: ShimSettings) -> None:
         super().__init__(body, settings)
         self.tools = body.tools_active()
-        self.held: dict[int, StopStringMatcher] = {}  # content streams until a tool call opens
+        self.tool_format = FORMATS[settings.tool_call_parser]
+        self.max_calls = 1 if body.parallel_tool_calls is False or isinstance(body.tool_choice, dict) else None
+        # OpenAI ends a call forced by name with "stop", any other with "tool_calls"
+        self.calls_finish = "stop" if isinstance(body.tool_choice, dict) else "tool_calls"
+        self.parsers: dict[int, ToolCallParser] = {}  # per choice: content streams until a tool call opens
+        self.shown: dict[int, str] = {}  # per choice: the content streamed so far
+
+    def parser(self, index: int) -> ToolCallParser:
+        return self.parsers.setdefault(index, ToolCallParser(self.tool_format, self.max_calls))
 
     def opening(self, index: int) -> list[dict]:
         delta = {"role": "assistant", "content": ""}
@@ -515,24 +523,32 @@ class ChatRender(_Render):
             )
         ]
 
+    def split(self, parser: ToolCallParser, text: str, final: bool) -> tuple[str, list[dict]]:
+        """Content and tool-call deltas of new text; with tools off, all of it is content."""
+        if not self.tools:
+            return text, []
+        content, calls = parser.feed(text)
+        if final:
+            rest, more = parser.finish()
+            content, calls = content + rest, calls + more
+        return content, calls
+
+    def finish_reason(self, reason: str, parser: ToolCallParser) -> str:
+        finish = OPENAI_FINISH[reason]
+        return self.calls_finish if finish == "stop" and self.tools and parser.has_complete_call else finish
+
     def events(self, index: int, piece: Piece, choice: Choice) -> list[dict]:
-        text = piece.text
-        if self.tools:
-            matcher = self.held.setdefault(index, StopStringMatcher([OPEN]))
-            text = matcher.feed(text) if not piece.finish_reason else matcher.feed(text) + matcher.flush()
-            if matcher.matched is not None:
-                text = ""  # the rest is a tool call, sent whole at the end
+        parser = self.parser(index)
+        text, calls = self.split(parser, piece.text, bool(piece.finish_reason))
+        self.shown[index] = self.shown.get(index, "") + text
         delta: dict[str, Any] = {}
         if self.full_text and (text or piece.finish_reason):
-            delta["content"] = choice.text
+            delta["content"] = self.shown[index]
         elif text:
             delta["content"] = text
-        finish = OPENAI_FINISH[piece.finish_reason] if piece.finish_reason else None
-        if piece.finish_reason and self.tools:
-            content, calls = parse_tool_calls(choice.text)
-            if calls:
-                delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
-                finish = "tool_calls"
+        if calls:
+            delta["tool_calls"] = calls
+        finish = self.finish_reason(piece.finish_reason, parser) if piece.finish_reason else None
         if not delta and not finish and not piece.chunk.logprobs:
             return []
         out = {"index": index, "delta": delta, "logprobs": self.logprobs(piece.chunk.logprobs), "finish_reason": finish}
@@ -559,12 +575,12 @@ class ChatRender(_Render):
     def whole(self, choices: list[Choice]) -> dict:
         out = []
         for index, choice in enumerate(choices):
-            message: dict[str, Any] = {"role": "assistant", "content": choice.text}
-            finish = OPENAI_FINISH[choice.finish_reason]
-            if self.tools:
-                content, calls = parse_tool_calls(choice.text)
-                if calls:
-                    message, finish = {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+            parser = ToolCallParser(self.tool_format, self.max_calls)
+            content, _ = self.split(parser, choice.text, final=True)
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if parser.tool_calls():
+                message = {"role": "assistant", "content": content or None, "tool_calls": parser.tool_calls()}
+            finish = self.finish_reason(choice.finish_reason, parser)
             out.append(
                 {
                     "index": index,

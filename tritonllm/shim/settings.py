@@ -14,4 +14,6 @@ class ShimSettings:
     default_max_tokens: int = 256  # requests that give no max_tokens
     # fullTextEnabled in the specs: each streamed event carries the whole text so far
     full_text_enabled: bool = False
+    # How the model writes tool calls (tritonllm.tokenizer.tool_calls.FORMATS); `serve` detects it from the model.
+    tool_call_parser: str = "json"
     started: int = field(default_factory=lambda: int(time.time()))

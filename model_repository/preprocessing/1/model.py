@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from tritonllm.runtime.model_config import ModelParameters, json_list, load_model_config, load_tokenizer, strings
+from tritonllm.runtime.model_config import (
+    TOOL_CALL_PARSER_ENV,
+    ModelParameters,
+    json_list,
+    load_model_config,
+    load_tokenizer,
+    strings,
+)
+from tritonllm.tokenizer.tool_calls import renders_tools, resolve_format, with_tools_in_prompt
 from tritonllm.tokenizer.word_lists import encode_word_list
 
 
@@ -40,6 +50,10 @@ class TritonPythonModel:
         self.tokenizer = load_tokenizer(params.model_dir())
         self.default_max_tokens = params.int("default_max_tokens", 16)
         self.add_special_tokens = params.bool("add_special_tokens", True)
+        parser = os.environ.get(TOOL_CALL_PARSER_ENV) or params.get("tool_call_parser", "auto")
+        self.tool_format = resolve_format(parser, self.tokenizer)
+        # A template that renders no tools (SmolLM2's) gets them in the system prompt, in tool_format's words.
+        self.template_renders_tools = renders_tools(self.tokenizer)
         # Prompt tokens allowed: min(max_input_tokens, max_seq_len - 1, the model's max_position_embeddings).
         positions = load_model_config(params.model_dir()).get("max_position_embeddings", 1 << 31)
         self.limits = {
@@ -112,10 +126,14 @@ class TritonPythonModel:
     def _tokenize(self, request) -> list[int]:
         messages = _string(request, "chat_messages")
         if messages is not None:
+            conversation = json_list(messages, "chat_messages")
             tools = _string(request, "chat_tools")
+            tools = json_list(tools, "chat_tools") if tools else None
+            if tools and not self.template_renders_tools:
+                conversation, tools = with_tools_in_prompt(conversation, tools, self.tool_format), None
             encoded = self.tokenizer.apply_chat_template(
-                json_list(messages, "chat_messages"),
-                tools=json_list(tools, "chat_tools") if tools else None,
+                conversation,
+                tools=tools,
                 add_generation_prompt=True,
                 tokenize=True,
                 return_dict=True,
