@@ -57,18 +57,23 @@ def pytest_runtest_makereport(item, call):
             item.config.stash[_DEATH_REPORTED] = True
 
 
-@pytest.fixture(scope="session")
-def triton(tiny_model_dir, tmp_path_factory):
-    log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
+def launch_triton(model_dir: Path, log_dir: Path) -> TritonServer:
+    """The real tritonserver on the model repository, serving `model_dir`, on free loopback ports."""
     server = TritonServer(
         REPOSITORY,
         http_port=free_port(),
         grpc_port=free_port(),
         metrics_port=free_port(),
-        env={MODEL_DIR_ENV: str(tiny_model_dir)},
-        log_file=log,
+        env={MODEL_DIR_ENV: str(model_dir)},
+        log_file=log_dir / "tritonserver.log",
     )
     server.start()
+    return server
+
+
+@pytest.fixture(scope="session")
+def triton(tiny_model_dir, tmp_path_factory):
+    server = launch_triton(tiny_model_dir, tmp_path_factory.mktemp("triton"))
     yield server
     server.stop()
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 import uvicorn
@@ -16,24 +18,31 @@ MODEL = "tiny"
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"  # the shim's default name for it
 
 
-@pytest.fixture(scope="session")
-def shim_url(triton):
+@contextlib.contextmanager
+def running_shim(settings: ShimSettings) -> Iterator[str]:
+    """The shim on a free loopback port, in a thread of this process; yields its URL."""
     port = free_port()
-    app = create_app(
-        ShimSettings(
-            triton_grpc_url=triton.grpc_url, served_model_name=MODEL, default_max_tokens=32, tool_call_parser="hermes"
-        )
-    )
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.05)
     assert server.started, "the shim did not start"
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture(scope="session")
+def shim_url(triton):
+    settings = ShimSettings(
+        triton_grpc_url=triton.grpc_url, served_model_name=MODEL, default_max_tokens=32, tool_call_parser="hermes"
+    )
+    with running_shim(settings) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -180,8 +180,7 @@ class ChatRequest(SamplingFields):
 
     def forced_tools(self) -> tuple[list[dict], bool] | None:
         """The functions a call must be made to, and whether several calls may follow; None when not forced."""
-        choice = self.tool_choice
-        functions = [t.function.model_dump(exclude_none=True) for t in self.tools or []]
+        choice, functions = self.tool_choice, self.functions()
         if choice == "required":
             if not functions:
                 raise APIError(400, "tool_choice 'required' needs tools", "tool_choice")
@@ -194,17 +193,23 @@ class ChatRequest(SamplingFields):
             return named, False
         return None
 
+    def functions(self) -> list[dict]:
+        return [t.function.model_dump(exclude_none=True) for t in self.tools or []]
+
     def tools_active(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
 
     def guide(self, tool_format: ToolCallFormat) -> tuple[str, str] | None:
         forced = self.forced_tools()
+        fmt = self.response_format
         if forced is not None:
-            if self.response_format and self.response_format.type != "text":
+            if fmt and fmt.type != "text":
                 raise APIError(400, "response_format cannot be combined with a forced tool_choice", "response_format")
             return "lark", tool_format.grammar(*forced)
-        fmt = self.response_format
         if fmt is None or fmt.type == "text":
+            if self.tools_active() and tool_format.guards_auto:
+                several = self.parallel_tool_calls is not False
+                return "lark", tool_format.grammar(self.functions(), several, or_text=True)
             return None
         if fmt.type == "json_object":
             return "json", ""

@@ -31,14 +31,21 @@ class ToolCallFormat:
     argument_key: str  # what this family names the arguments when it writes a call
     separators: tuple[str, ...]  # text that may stand around and between call objects, besides whitespace
     one_call: str  # Lark for one call, `body` being the call object
+    # Whether `auto` decodes under a grammar too: the answer is free text, or, from its first character on, a
+    # valid call. For templates that never taught the model a format (llama.cpp's lazy grammars do the same).
+    guards_auto: bool = False
 
-    def grammar(self, functions: list[dict[str, Any]], several: bool) -> str:
-        """Lark (llguidance's dialect) for one call, or with `several` one or more, of any of `functions`."""
+    def grammar(self, functions: list[dict[str, Any]], several: bool, or_text: bool = False) -> str:
+        """Lark (llguidance's dialect) for one call, or with `several` one or more, of any of `functions`;
+        `or_text`: or else any text that does not start like a call."""
         schema = {"anyOf": [self.call_schema(f) for f in functions]} if len(functions) > 1 else None
         schema = schema or self.call_schema(functions[0])
         schema["x-guidance"] = {"whitespace_flexible": False}
         start = _SEVERAL[self.name] if several else "start: call"
-        return f"{start}\ncall: {self.one_call}\nbody: %json {json.dumps(schema)}\n"
+        lark = f"{start}\ncall: {self.one_call}\nbody: %json {json.dumps(schema)}\n"
+        if or_text:
+            lark = lark.replace("start: ", "start: TEXT | ", 1) + _TEXT_NOT_A_CALL
+        return lark
 
     def call_schema(self, function: dict[str, Any]) -> dict[str, Any]:
         parameters = function.get("parameters") or {"type": "object", "properties": {}}
@@ -68,7 +75,7 @@ FORMATS = {
         ),
         ToolCallFormat("llama3_json", "<|python_tag|>", "parameters", (";",), "body"),
         ToolCallFormat("mistral", "[TOOL_CALLS]", "arguments", ("[", "]", ","), '"[TOOL_CALLS]" "[" body "]"'),
-        ToolCallFormat("json", None, "arguments", ("[", "]", ","), "body"),
+        ToolCallFormat("json", None, "arguments", ("[", "]", ","), "body", guards_auto=True),
     )
 }
 _SEVERAL = {
@@ -77,6 +84,8 @@ _SEVERAL = {
     "mistral": 'start: "[TOOL_CALLS]" "[" body ("," body)* "]"',
     "json": 'start: call | "[" body ("," body)* "]"',
 }
+# Text whose first non-space character cannot start a call of the `json` format.
+_TEXT_NOT_A_CALL = "TEXT: /\\s*[^{\\[\\s][\\s\\S]*/\n"
 # An answer that starts with one of these may be a call, in the formats whose calls stand alone.
 _BARE_OPENINGS = {"llama3_json": "{", "json": "{["}
 _PROBE_TOOL = {"type": "function", "function": {"name": "tritonllm_probe_tool", "parameters": {"type": "object"}}}

@@ -1,0 +1,115 @@
+"""The real default model, SmolLM2-135M-Instruct, through tritonserver and the shim, with the openai SDK.
+
+Its greedy chat answers must equal transformers' own on the same weights; its chat template renders no tools,
+so tool calls take the `json` format with the tools in the system prompt.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+from conftest import MODELS, launch_triton
+
+from tritonllm.shim.settings import ShimSettings
+
+from .conftest import running_shim
+from .test_openai import WEATHER, streamed_calls
+
+NAME = "SmolLM2-135M-Instruct"
+QUESTIONS = [
+    "What is the capital of France?",
+    "What is 2 + 2?",
+    "Who wrote Romeo and Juliet?",
+    "What color is the sky on a clear day?",
+    "How many days are there in a week?",
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    path = MODELS / NAME
+    if not (path / "config.json").exists():
+        pytest.fail(f"{path} is missing: `make model` converts it (make test does)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def client(model_dir, tmp_path_factory):
+    from openai import OpenAI
+
+    server = launch_triton(model_dir, tmp_path_factory.mktemp("triton-smollm2"))
+    try:
+        settings = ShimSettings(triton_grpc_url=server.grpc_url, served_model_name=NAME, tool_call_parser="json")
+        with running_shim(settings) as url:
+            yield OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+
+    def answer(question: str, max_new_tokens: int) -> str:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+        out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False)
+        return tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
+
+    return answer
+
+
+def ask(client, question: str, **kwargs):
+    return client.chat.completions.create(
+        model=NAME, messages=[{"role": "user", "content": question}], temperature=0, **kwargs
+    )
+
+
+def test_greedy_answers_equal_transformers(client, reference):
+    for question in QUESTIONS:
+        assert ask(client, question, max_tokens=48).choices[0].message.content == reference(question, 48), question
+    assert "Paris" in ask(client, QUESTIONS[0], max_tokens=48).choices[0].message.content
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_tool_call(client, stream):
+    kwargs = dict(tools=[WEATHER], tool_choice="required", max_tokens=64, stream=stream)
+    if stream:
+        calls, finish = streamed_calls(list(ask(client, "What is the weather in Paris this week?", **kwargs)))
+    else:
+        choice = ask(client, "What is the weather in Paris this week?", **kwargs).choices[0]
+        calls = [{"name": c.function.name, "arguments": c.function.arguments} for c in choice.message.tool_calls]
+        finish = [choice.finish_reason]
+    assert finish == ["tool_calls"] and [c["name"] for c in calls] == ["get_weather"]
+    arguments = json.loads(calls[0]["arguments"])
+    jsonschema.validate(arguments, WEATHER["function"]["parameters"])
+    assert arguments["city"] == "Paris"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_tool_call(client, stream):
+    """The model chooses: asked for the call, it starts one, which the `json` format's grammar keeps valid."""
+    question = "Call the function get_weather with city Paris and days 3. Reply with the JSON call only."
+    kwargs = dict(tools=[WEATHER], tool_choice="auto", max_tokens=64, stream=stream)
+    if stream:
+        calls, finish = streamed_calls(list(ask(client, question, **kwargs)))
+    else:
+        choice = ask(client, question, **kwargs).choices[0]
+        calls = [{"name": c.function.name, "arguments": c.function.arguments} for c in choice.message.tool_calls]
+        finish = [choice.finish_reason]
+    assert finish == ["tool_calls"] and [c["name"] for c in calls] == ["get_weather"]
+    assert json.loads(calls[0]["arguments"]) == {"city": "Paris", "days": 3}
+
+
+def test_auto_answers_in_words_when_the_model_does(client):
+    choice = ask(client, QUESTIONS[0], tools=[WEATHER], tool_choice="auto", max_tokens=48).choices[0]
+    assert choice.finish_reason == "stop" and choice.message.tool_calls is None
+    assert "Paris" in choice.message.content
