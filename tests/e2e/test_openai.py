@@ -227,11 +227,15 @@ ADD = {
 
 def streamed_calls(chunks) -> tuple[list[dict], list[str]]:
     """Tool calls put together from their deltas (id and name first, then the arguments in pieces)."""
+    for chunk in chunks:
+        for choice in chunk.choices:
+            indexes = [c.index for c in choice.delta.tool_calls or []]
+            assert len(indexes) == len(set(indexes))  # one entry a call in each chunk
     calls: dict[int, dict] = {}
     for delta in (ch.delta for chunk in chunks for ch in chunk.choices):
         for piece in delta.tool_calls or []:
             if piece.id is not None:
-                assert piece.index not in calls and piece.function.name and piece.function.arguments == ""
+                assert piece.index not in calls and piece.function.name
                 calls[piece.index] = {"id": piece.id, "name": piece.function.name, "arguments": ""}
             calls[piece.index]["arguments"] += piece.function.arguments or ""
     finish = [ch.finish_reason for chunk in chunks for ch in chunk.choices if ch.finish_reason]

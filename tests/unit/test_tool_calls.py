@@ -36,15 +36,17 @@ def parse(fmt: str, text: str, piece: int, max_calls: int | None = None) -> tupl
     """Feeds `text` in pieces of `piece` characters; the content, the calls put together from deltas, and the
     parser's own list."""
     parser = ToolCallParser(FORMATS[fmt], max_calls)
-    content, deltas = "", []
+    content, deltas, groups = "", [], []
     for start in range(0, len(text), piece):
         more, new = parser.feed(text[start : start + piece])
         content, deltas = content + more, deltas + new
+        groups.append(new)
     more, new = parser.finish()
+    assert all(len({d["index"] for d in group}) == len(group) for group in groups + [new])  # one entry a call
     calls: dict[int, dict] = {}
     for delta in deltas + new:
         if "id" in delta:
-            assert delta["function"]["arguments"] == "" and delta["index"] not in calls
+            assert delta["index"] not in calls
             calls[delta["index"]] = {"name": delta["function"]["name"], "arguments": ""}
         calls[delta["index"]]["arguments"] += delta["function"]["arguments"]
     return content + more, [calls[i] for i in sorted(calls)], parser.tool_calls()
@@ -154,3 +156,19 @@ def test_auto_grammar_lets_text_through_and_keeps_calls_valid(smollm2):
             masked = grammar.mask(torch.zeros(len(smollm2)))
             allowed = {smollm2.decode([t]) for t in torch.isfinite(masked).nonzero().flatten().tolist()}
             assert allowed and all(a.strip()[:1].isdigit() for a in allowed)  # only the integer a may follow
+
+
+def test_call_schemas_close_objects_that_list_their_properties():
+    nested = {
+        "type": "object",
+        "properties": {"p": {"type": "object", "properties": {"q": {"const": {"properties": 1}}}}},
+    }
+    open_map = {"type": "object", "additionalProperties": {"type": "integer"}}
+    schema = FORMATS["json"].call_schema(
+        {"name": "f", "parameters": {**nested, "properties": {**nested["properties"], "m": open_map}}}
+    )
+    arguments = schema["properties"]["arguments"]
+    assert arguments["additionalProperties"] is False
+    assert arguments["properties"]["p"]["additionalProperties"] is False
+    assert arguments["properties"]["p"]["properties"]["q"] == {"const": {"properties": 1}}  # data stays as it is
+    assert arguments["properties"]["m"] == open_map  # a schema that says otherwise keeps its word

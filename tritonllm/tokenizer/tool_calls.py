@@ -48,7 +48,7 @@ class ToolCallFormat:
         return lark
 
     def call_schema(self, function: dict[str, Any]) -> dict[str, Any]:
-        parameters = function.get("parameters") or {"type": "object", "properties": {}}
+        parameters = _closed(function.get("parameters") or {"type": "object", "properties": {}})
         return {
             "type": "object",
             "properties": {"name": {"const": function["name"]}, self.argument_key: parameters},
@@ -61,6 +61,22 @@ class ToolCallFormat:
         return {"hermes": f"<tool_call>\n{call}\n</tool_call>", "mistral": f"[TOOL_CALLS] [{call}]"}.get(
             self.name, call
         )
+
+
+_VALUES = frozenset({"const", "enum", "default", "examples"})  # keywords that hold data, not schemas
+
+
+def _closed(schema: Any) -> Any:
+    """The schema with objects that list their properties closed to others, unless they say otherwise (as
+    xgrammar's strict mode in vLLM): a small model under an open schema invents keys until max_tokens."""
+    if isinstance(schema, list):
+        return [_closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    closed = {key: value if key in _VALUES else _closed(value) for key, value in schema.items()}
+    if "properties" in closed and "additionalProperties" not in closed:
+        closed["additionalProperties"] = False
+    return closed
 
 
 FORMATS = {
@@ -184,12 +200,12 @@ class ToolCallParser:
     def feed(self, piece: str) -> tuple[str, list[dict]]:
         self.text += piece
         content = self._content(final=False)
-        return content, self._parse() if self._scan is not None else []
+        return content, _merged(self._parse()) if self._scan is not None else []
 
     def finish(self) -> tuple[str, list[dict]]:
         """The rest: a call region with no complete call goes back to the content, as the model wrote it."""
         content = self._content(final=True)
-        deltas = self._parse() if self._scan is not None else []
+        deltas = _merged(self._parse()) if self._scan is not None else []
         if self._scan is not None and not any(c.name for c in self.calls):
             content += self.text[self._sent :]
             self._sent = len(self.text)
@@ -322,6 +338,17 @@ class ToolCallParser:
 
 
 _DECODER = json.JSONDecoder()
+
+
+def _merged(deltas: list[dict]) -> list[dict]:
+    """One entry per call in a chunk, as OpenAI sends them: a call's pieces from one feed joined."""
+    out: list[dict] = []
+    for delta in deltas:
+        if out and out[-1]["index"] == delta["index"]:
+            out[-1]["function"]["arguments"] += delta["function"]["arguments"]
+        else:
+            out.append(delta)
+    return out
 
 
 def _partial_suffix(text: str, marker: str) -> int:
