@@ -77,76 +77,45 @@ def test_the_window_changes_these_outputs(architectures_dir, family):
     assert greedy_ids(windowed, long, NEW_TOKENS) != greedy_ids(unbounded, long, NEW_TOKENS)
 
 
-def _save(model, tokenizer, path):
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
-@pytest.mark.parametrize(
-    ("config", "needle"),
-    [
-        # attention sinks: an argument the paged attention does not implement
-        (
-            lambda v: transformers.GptOssConfig(
-                vocab_size=v,
-                hidden_size=64,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                head_dim=16,
-                intermediate_size=64,
-                num_local_experts=4,
-                num_experts_per_tok=2,
-            ),
-            "s_aux",
-        ),
-        # ALiBi inside Bloom's own attention code, which never calls the attention interface
-        (lambda v: transformers.BloomConfig(vocab_size=v, hidden_size=64, n_layer=2, n_head=4), "do not attend"),
-        # linear-attention layers beside full ones
-        (
-            lambda v: transformers.Qwen3NextConfig(
-                vocab_size=v,
-                hidden_size=64,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                head_dim=16,
-                intermediate_size=64,
-                num_experts=4,
-                num_experts_per_tok=2,
-                moe_intermediate_size=32,
-                linear_num_value_heads=4,
-                linear_num_key_heads=2,
-                linear_key_head_dim=16,
-                linear_value_head_dim=16,
-            ),
-            "linear_attention",
-        ),
-        (
-            lambda v: transformers.Gemma3TextConfig(
-                vocab_size=v,
-                hidden_size=64,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                head_dim=16,
-                intermediate_size=64,
-                use_bidirectional_attention=True,
-            ),
-            "bidirectional",
-        ),
-        # attention code of its own (not transformers' AttentionInterface)
-        (lambda v: transformers.GPTJConfig(vocab_size=v, n_embd=64, n_layer=2, n_head=4, rotary_dim=8), "Interface"),
-    ],
-    ids=["gpt_oss", "bloom", "qwen3_next", "embedding_gemma", "gptj"],
+_SMALL = dict(
+    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=64
 )
-def test_models_it_cannot_serve_exactly_are_refused_at_load(tmp_path, tokenizer, config, needle):
+# family -> (config class, settings, what the refusal names)
+REFUSED = {
+    # attention sinks: an argument the paged attention does not implement
+    "gpt_oss": ("GptOssConfig", {**_SMALL, "num_local_experts": 4, "num_experts_per_tok": 2}, "s_aux"),
+    # ALiBi inside Bloom's own attention code, which never calls the attention interface
+    "bloom": ("BloomConfig", {"hidden_size": 64, "n_layer": 2, "n_head": 4}, "do not attend"),
+    # linear-attention layers beside full ones
+    "qwen3_next": (
+        "Qwen3NextConfig",
+        {
+            **_SMALL,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "linear_num_value_heads": 4,
+            "linear_num_key_heads": 2,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16,
+        },
+        "linear_attention",
+    ),  # fmt: skip
+    "embedding_gemma": ("Gemma3TextConfig", {**_SMALL, "use_bidirectional_attention": True}, "bidirectional"),
+    # attention code of its own (not transformers' AttentionInterface)
+    "gptj": ("GPTJConfig", {"n_embd": 64, "n_layer": 2, "n_head": 4, "rotary_dim": 8}, "Interface"),
+}
+
+
+@pytest.mark.parametrize("family", list(REFUSED))
+def test_models_it_cannot_serve_exactly_are_refused_at_load(tmp_path, tokenizer, family):
+    class_name, settings, needle = REFUSED[family]
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config(len(tokenizer)))
-    path = _save(model, tokenizer, tmp_path / "model")
+    config = getattr(transformers, class_name)(vocab_size=len(tokenizer), **settings)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
     with pytest.raises(UnsupportedModelError, match=needle):
-        LLMEngine(EngineConfig(str(path), num_kv_blocks=16, block_size=8))
+        LLMEngine(EngineConfig(str(tmp_path), num_kv_blocks=16, block_size=8))
 
 
 def test_an_attention_that_ignores_the_window_is_refused(architectures_dir, monkeypatch):

@@ -58,7 +58,7 @@ def check_against_eager(runner: ModelRunner) -> None:
         eager = _eager_logits(runner.model, ids)
     except Exception as e:
         raise UnsupportedModelError(f"the paged attention cannot run this model: {type(e).__name__}: {e}") from e
-    missing = sorted(set(range(shape.num_layers)) - set(probe.key_shapes))
+    missing = sorted(set(range(shape.num_layers)) - probe.layers)
     if missing:
         raise UnsupportedModelError(
             f"layers {missing} do not attend through the KV cache (linear-attention or state-space layers?)"

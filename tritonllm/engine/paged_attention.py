@@ -99,14 +99,15 @@ INERT_ARGUMENTS = frozenset(
 
 @dataclass
 class LayerProbe:
-    """Records, per layer, the key shape and any argument this attention does not implement (e.g. gpt-oss's
-    attention sinks), so that the model check refuses such a model at load instead of serving it inexactly."""
+    """Records which layers attended through the cache and any argument this attention does not implement (e.g.
+    gpt-oss's attention sinks), so that the model check refuses such a model at load instead of serving it
+    inexactly."""
 
-    key_shapes: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    layers: set[int] = field(default_factory=set)
     unsupported: dict[str, set[int]] = field(default_factory=dict)
 
-    def record(self, layer: int, key: torch.Tensor, kwargs: dict) -> None:
-        self.key_shapes[layer] = (key.shape[1], key.shape[3])
+    def record(self, layer: int, kwargs: dict) -> None:
+        self.layers.add(layer)
         for name, value in kwargs.items():
             if name not in INERT_ARGUMENTS and value is not None and value is not False:
                 self.unsupported.setdefault(name, set()).add(layer)
@@ -129,7 +130,7 @@ def paged_attention(
         raise RuntimeError(f"{ATTN_IMPLEMENTATION} attention needs the engine's paged_batch argument")
     layer = module.layer_idx
     if paged_batch.probe is not None:
-        paged_batch.probe.record(layer, key, kwargs)
+        paged_batch.probe.record(layer, kwargs)
     k_cache = paged_batch.cache.key[layer]
     v_cache = paged_batch.cache.value[layer]
     # query [1, Hq, T, D], key/value [1, Hkv, T, D] -> token-major [T, H, D]

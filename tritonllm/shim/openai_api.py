@@ -517,8 +517,8 @@ class ChatRender(_Render):
         self.parsers: dict[int, ToolCallParser] = {}  # per choice: content streams until a tool call opens
         self.shown: dict[int, str] = {}  # per choice: the content streamed so far
 
-    def parser(self, index: int) -> ToolCallParser:
-        return self.parsers.setdefault(index, ToolCallParser(self.tool_format, self.max_calls))
+    def new_parser(self) -> ToolCallParser:
+        return ToolCallParser(self.tool_format, self.max_calls)
 
     def opening(self, index: int) -> list[dict]:
         delta = {"role": "assistant", "content": ""}
@@ -543,7 +543,7 @@ class ChatRender(_Render):
         return self.calls_finish if finish == "stop" and self.tools and parser.has_complete_call else finish
 
     def events(self, index: int, piece: Piece, choice: Choice) -> list[dict]:
-        parser = self.parser(index)
+        parser = self.parsers.setdefault(index, self.new_parser())
         text, calls = self.split(parser, piece.text, bool(piece.finish_reason))
         self.shown[index] = self.shown.get(index, "") + text
         delta: dict[str, Any] = {}
@@ -580,7 +580,7 @@ class ChatRender(_Render):
     def whole(self, choices: list[Choice]) -> dict:
         out = []
         for index, choice in enumerate(choices):
-            parser = ToolCallParser(self.tool_format, self.max_calls)
+            parser = self.new_parser()
             content, _ = self.split(parser, choice.text, final=True)
             message: dict[str, Any] = {"role": "assistant", "content": content}
             if parser.tool_calls():
