@@ -86,3 +86,27 @@ def test_regex_and_lark_guides(tiny_model_dir, tokenizer, compiler):
 def test_bad_guides_are_errors_naming_the_tensor(compiler, guide_type, guide):
     with pytest.raises(ValueError, match="guided_decoding_guide"):
         compiler.matcher(guide_type, guide)
+
+
+@pytest.mark.parametrize(
+    ("temperature", "repetition_penalty"),
+    [(float("inf"), 1.0), (1e-45, 1.0), (1.0, float("inf")), (float("inf"), float("inf"))],
+    ids=["temperature-overflow", "temperature-underflow", "penalty-overflow", "both"],
+)
+def test_extreme_parameters_still_sample_what_the_grammar_allows(
+    tiny_model_dir, tokenizer, compiler, temperature, repetition_penalty
+):
+    """Values a FP32 tensor rounds to inf or 0 (e.g. temperature 1e39) once overflowed the sampler."""
+    engine = make_engine(tiny_model_dir)
+    params = SamplingParams(
+        max_tokens=60,
+        temperature=temperature,
+        repetition_penalty=repetition_penalty,
+        seed=1,
+        end_id=tokenizer.eos_token_id,
+    )
+    seq = Sequence(random_prompts(1, seed=22, max_len=10)[0], params)
+    seq.grammar = compiler.matcher("lark", 'start: ("yes" | "no") "!"')
+    run(engine, [seq])
+    assert seq.finish_reason is FinishReason.END_ID
+    assert tokenizer.decode(seq.output_ids, skip_special_tokens=True) in ("yes!", "no!")

@@ -86,7 +86,7 @@ def sample_one(raw: torch.Tensor, seq: Sequence, argmax: int | None = None, draf
         row = warp(row, p.temperature, p.top_k, p.top_p, p.typical_p)
         if p.watermark:
             row = watermark(row, seq.token_ids[-1])
-        probs = row.softmax(-1)
+        probs = _finite(row).softmax(-1)
         token = _speculative(probs, seq, draft) if draft is not None else _draw(probs, seq)
     result = Sampled(token)
     if p.return_log_probs or p.top_log_probs:
@@ -97,6 +97,16 @@ def sample_one(raw: torch.Tensor, seq: Sequence, argmax: int | None = None, draf
             top = torch.topk(logprobs, p.top_log_probs)
             result.top_ids, result.top_logprobs = top.indices.tolist(), top.values.tolist()
     return result
+
+
+def _finite(logits: torch.Tensor) -> torch.Tensor:
+    """Logits that softmax takes whatever the parameters: a temperature or penalty that overflows float32 gives
+    NaN where a masked -inf met an infinite divisor (still masked: -inf), or +inf where a tiny temperature blew a
+    logit up (the limit is greedy: the mass goes to those tokens alone)."""
+    overflowed = logits == float("inf")
+    if bool(overflowed.any()):
+        return torch.zeros_like(logits).masked_fill(~overflowed, float("-inf"))
+    return logits.nan_to_num(nan=float("-inf"))
 
 
 def _draw(probs: torch.Tensor, seq: Sequence) -> int:
