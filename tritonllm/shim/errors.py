@@ -9,8 +9,15 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-_TYPES = {400: "invalid_request_error", 404: "not_found_error", 422: "invalid_request_error", 500: "server_error"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    422: "invalid_request_error",
+    500: "server_error",
+}
 
 
 class APIError(Exception):
@@ -27,6 +34,13 @@ class APIError(Exception):
 
 async def api_error_handler(_: Request, exc: APIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def http_error_handler(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Starlette's own answers (no such route 404, wrong method 405) in OpenAI's error shape."""
+    return JSONResponse(
+        APIError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code, headers=exc.headers
+    )
 
 
 async def validation_error_handler(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -72,9 +72,7 @@ class GenerateRequest(BaseModel):
             priority=p.priority,
             timeout_ms=p.timeout * 1000,
         )
-        if self.id:
-            request.request_id = self.id
-        return request
+        return request  # its request id is the shim's own: a client's id could name (and stop) another's request
 
 
 GenerateBody = Annotated[GenerateRequest, Depends(json_body(GenerateRequest))]
@@ -126,7 +124,7 @@ class Events:
         self.perf_stat = body.parameters.perf_stat
         self.full_text = full_text  # each event carries the whole text so far
         self.text = ""
-        self.id = gen.request_id
+        self.id = body.id or gen.request_id
         self.start = time.monotonic()
         self.previous: float | None = None
         self.first_token_ms: float | None = None

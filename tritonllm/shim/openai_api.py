@@ -59,7 +59,14 @@ class SamplingFields(BaseModel):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     n: Annotated[int, Field(ge=1, le=128)] | None = 1
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None  # token id -> bias
+    # Fields of OpenAI's API that cannot change what a text model served here answers: accepted, ignored.
     user: str | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
 
     @field_validator("top_k")
     @classmethod
@@ -76,15 +83,26 @@ class SamplingFields(BaseModel):
             raise ValueError("stop strings must be non-empty and 32768 characters at most in total")
         return stops
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v):
+        if v is not None and not all(key.isdigit() for key in v):
+            raise ValueError("keys must be token ids (strings of digits)")
+        return v
+
     @field_validator("stop_token_ids")
     @classmethod
     def _stop_token_ids(cls, v):
         return None if v is None else [t for t in v if -(2**31) <= t < 2**31]  # the spec ignores the rest
 
+    @property
+    def output_limit(self) -> int | None:
+        return self.max_tokens
+
     def generation_request(self, default_max_tokens: int, **content: Any) -> GenerationRequest:
         top_k = None if self.top_k is None else (0 if self.top_k == -1 else self.top_k)
         return GenerationRequest(
-            max_tokens=self.max_tokens or default_max_tokens,
+            max_tokens=self.output_limit or default_max_tokens,
             # OpenAI's default temperature is 1.0 (sampling); 0 asks for greedy decoding.
             temperature=1.0 if self.temperature is None else self.temperature,
             top_k=top_k,
@@ -94,6 +112,7 @@ class SamplingFields(BaseModel):
             frequency_penalty=self.frequency_penalty,
             repetition_penalty=self.repetition_penalty,
             stop_token_ids=self.stop_token_ids or None,
+            logit_bias={int(token): bias for token, bias in self.logit_bias.items()} if self.logit_bias else None,
             include_stop_str_in_output=bool(self.include_stop_str_in_output),
             skip_special_tokens=self.skip_special_tokens is not False,
             ignore_eos=bool(self.ignore_eos),
@@ -104,7 +123,7 @@ class SamplingFields(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    role: Literal["system", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
@@ -122,7 +141,8 @@ class ChatMessage(BaseModel):
             content = "".join(str(part.get("text", "")) for part in content)
         if not content and not (self.role == "assistant" and self.tool_calls):
             raise APIError(400, f"{field} must not be empty", field)
-        out: dict[str, Any] = {"role": self.role, "content": content or ""}
+        # OpenAI's SDKs send instructions as "developer" for newer models; chat templates know them as "system".
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
         if self.tool_calls:
             for call in self.tool_calls:
                 function = call.get("function") or {}
@@ -171,6 +191,37 @@ class ResponseFormat(BaseModel):
 
 class ChatRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(gt=0, le=INT32_MAX)] | None = None  # max_tokens' new name
+    # Deprecated spellings of tools and tool_choice, still in the API reference.
+    functions: Annotated[list[FunctionObject], Field(max_length=MAX_TOOLS)] | None = None
+    function_call: Literal["none", "auto"] | dict[str, Any] | None = None
+    # Accepted and ignored: they cannot change a text model's answer here.
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    prediction: dict[str, Any] | None = None
+    # They would change the answer, and cannot be honoured: refused when they ask for something.
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+
+    @property
+    def output_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def check(self) -> None:
+        if self.modalities and set(self.modalities) - {"text"}:
+            raise APIError(400, f"modalities: this model answers in text only, not {self.modalities}", "modalities")
+        for name in ("audio", "web_search_options"):
+            if getattr(self, name) is not None:
+                raise APIError(400, f"{name}: this server cannot honour it", name)
+        if self.functions:
+            if self.tools:
+                raise APIError(400, "give tools or the deprecated functions, not both", "functions")
+            self.tools = [ToolObject(type="function", function=f) for f in self.functions]
+            if self.function_call is not None and self.tool_choice is None:
+                call = self.function_call
+                self.tool_choice = call if isinstance(call, str) else {"type": "function", "function": call}
+
     logprobs: bool | None = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     tools: Annotated[list[ToolObject], Field(max_length=MAX_TOOLS)] | None = None
@@ -180,7 +231,7 @@ class ChatRequest(SamplingFields):
 
     def forced_tools(self) -> tuple[list[dict], bool] | None:
         """The functions a call must be made to, and whether several calls may follow; None when not forced."""
-        choice, functions = self.tool_choice, self.functions()
+        choice, functions = self.tool_choice, self.tool_functions()
         if choice == "required":
             if not functions:
                 raise APIError(400, "tool_choice 'required' needs tools", "tool_choice")
@@ -193,7 +244,7 @@ class ChatRequest(SamplingFields):
             return named, False
         return None
 
-    def functions(self) -> list[dict]:
+    def tool_functions(self) -> list[dict]:
         return [t.function.model_dump(exclude_none=True) for t in self.tools or []]
 
     def tools_active(self) -> bool:
@@ -209,7 +260,7 @@ class ChatRequest(SamplingFields):
         if fmt is None or fmt.type == "text":
             if self.tools_active() and tool_format.guards_auto:
                 several = self.parallel_tool_calls is not False
-                return "lark", tool_format.grammar(self.functions(), several, or_text=True)
+                return "lark", tool_format.grammar(self.tool_functions(), several, or_text=True)
             return None
         if fmt.type == "json_object":
             return "json", ""
@@ -370,19 +421,25 @@ def build_router(settings: ShimSettings) -> APIRouter:
             return StreamingResponse(render.whole_stream(choices), media_type="text/event-stream")
         return JSONResponse(render.whole(choices))
 
+    cards = {
+        name: {"id": name, "object": "model", "created": settings.started, "owned_by": "tritonllm"}
+        for name in (settings.served_model_name, settings.embedding_model_name)
+    }
+
     @router.get("/v1/models")
     async def models() -> dict:
-        names = (settings.served_model_name, settings.embedding_model_name)
-        return {
-            "object": "list",
-            "data": [
-                {"id": name, "object": "model", "created": settings.started, "owned_by": "tritonllm"} for name in names
-            ],
-        }
+        return {"object": "list", "data": list(cards.values())}
+
+    @router.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict:
+        if model_id not in cards:
+            raise APIError(404, f"model {model_id!r} does not exist; this server has {sorted(cards)}", "model")
+        return cards[model_id]
 
     @router.post("/v1/chat/completions")
     async def chat(request: Request, body: ChatBody) -> Any:
         check_model(body.model)
+        body.check()
         messages = [m.rendered(i) for i, m in enumerate(body.messages)]
         _check_size(sum(len(m["content"]) for m in messages), "messages")
         if body.top_logprobs and not body.logprobs:

@@ -53,6 +53,7 @@ class GenerationRequest:
     frequency_penalty: float | None = None
     watermark: bool | None = None
     stop_token_ids: list[int] | None = None
+    logit_bias: dict[int, float] | None = None  # OpenAI's: token id -> bias added to its logit
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
     ignore_eos: bool | None = None
@@ -112,6 +113,9 @@ class GenerationRequest:
         ]
         if self.stop_token_ids:
             tensors.append(("stop_token_ids", "INT32", np.array([self.stop_token_ids], dtype=np.int32)))
+        if self.logit_bias:
+            tensors.append(("logit_bias_ids", "INT32", np.array([list(self.logit_bias)], dtype=np.int32)))
+            tensors.append(("logit_bias_values", "FP32", np.array([list(self.logit_bias.values())], dtype=np.float32)))
         if self.guide is not None:
             tensors.append(("guided_decoding_guide_type", "BYTES", _bytes(self.guide[0])))
             tensors.append(("guided_decoding_guide", "BYTES", _bytes(self.guide[1])))

@@ -44,6 +44,16 @@ def _ids(request, name: str) -> list[int]:
     return [] if tensor is None else tensor.as_numpy().reshape(-1).astype(np.int64).tolist()
 
 
+def _floats(request, name: str) -> list[float]:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return [] if tensor is None else tensor.as_numpy().reshape(-1).tolist()
+
+
+def _same_length(name: str, values: list, other_name: str, others: list) -> None:
+    if len(values) != len(others):
+        raise ValueError(f"{name} has {len(values)} entries but {other_name} has {len(others)}")
+
+
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         params = ModelParameters(args)
@@ -107,20 +117,24 @@ class TritonPythonModel:
         return encode_word_list(words + (extra or []))
 
     def _embedding_bias(self, request) -> np.ndarray:
-        """embedding_bias_words + embedding_bias_weights -> a [vocab] bias on each word's tokens (empty: none)."""
+        """embedding_bias_words + embedding_bias_weights (on each word's tokens) and logit_bias_ids +
+        logit_bias_values (on those token ids) -> one [vocab] bias (empty: none)."""
         words = self._words(request, "embedding_bias_words")
-        weights = pb_utils.get_input_tensor_by_name(request, "embedding_bias_weights")
-        weights = [] if weights is None else weights.as_numpy().reshape(-1).tolist()
-        if len(words) != len(weights):
-            raise ValueError(
-                f"embedding_bias_words has {len(words)} entries but embedding_bias_weights has {len(weights)}"
-            )
-        if not words:
+        weights = _floats(request, "embedding_bias_weights")
+        _same_length("embedding_bias_words", words, "embedding_bias_weights", weights)
+        ids, values = _ids(request, "logit_bias_ids"), _floats(request, "logit_bias_values")
+        _same_length("logit_bias_ids", ids, "logit_bias_values", values)
+        if not words and not ids:
             return np.zeros(0, dtype=np.float32)
-        bias = np.zeros(len(self.tokenizer), dtype=np.float32)
+        vocab = len(self.tokenizer)
+        outside = [t for t in ids if not 0 <= t < vocab]
+        if outside:
+            raise ValueError(f"logit_bias_ids holds token ids outside [0, {vocab}): {outside[:5]}")
+        bias = np.zeros(vocab, dtype=np.float32)
         for word, weight in zip(words, weights, strict=True):
             for token in self.tokenizer.encode(word, add_special_tokens=False):
                 bias[token] += weight
+        np.add.at(bias, ids, values)
         return bias
 
     def _tokenize(self, request) -> list[int]:

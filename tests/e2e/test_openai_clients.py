@@ -1,0 +1,131 @@
+"""What today's OpenAI SDK sends, beyond the basics: newer field names, ignored fields, refusals, API keys."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tritonllm.shim.settings import ShimSettings
+
+from .conftest import MODEL, running_shim
+
+HELLO = [{"role": "user", "content": "Hello 你好"}]
+
+
+def test_max_completion_tokens_is_max_tokens(openai_client):
+    response = openai_client.chat.completions.create(
+        model=MODEL, messages=HELLO, max_completion_tokens=5, extra_body={"ignore_eos": True}
+    )
+    assert response.usage.completion_tokens == 5
+
+
+def test_developer_is_a_system_message(openai_client):
+    def answer(role: str) -> str:
+        messages = [{"role": role, "content": "Answer briefly."}, *HELLO]
+        return (
+            openai_client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0)
+            .choices[0]
+            .message.content
+        )
+
+    assert answer("developer") == answer("system")
+
+
+def test_fields_that_cannot_change_the_answer_are_accepted(openai_client):
+    plain = openai_client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=8, temperature=0)
+    decorated = openai_client.chat.completions.create(
+        model=MODEL,
+        messages=HELLO,
+        max_tokens=8,
+        temperature=0,
+        store=False,
+        metadata={"team": "a"},
+        user="u1",
+        service_tier="auto",
+        reasoning_effort="low",
+        verbosity="low",
+        prompt_cache_key="k",
+        safety_identifier="s",
+        prediction={"type": "content", "content": "Hello"},
+        modalities=["text"],
+    )
+    assert decorated.choices[0].message.content == plain.choices[0].message.content
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ({"web_search_options": {}}, "web_search_options"),
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
+    ],
+)
+def test_what_cannot_be_honoured_is_a_400_naming_it(openai_client, extra, field):
+    with pytest.raises(openai.BadRequestError) as info:
+        openai_client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4, extra_body=extra)
+    assert info.value.body["param"].startswith(field)
+
+
+def test_logit_bias_forces_a_token(openai_client, tokenizer):
+    token = tokenizer.encode(" batch", add_special_tokens=False)[0]
+    response = openai_client.completions.create(
+        model=MODEL, prompt="Hello", max_tokens=4, temperature=0, logit_bias={str(token): 100}
+    )
+    assert response.choices[0].text == tokenizer.decode([token] * 4)
+
+
+def test_logit_bias_outside_the_vocabulary_is_a_400(openai_client, tokenizer):
+    with pytest.raises(openai.BadRequestError, match="logit_bias_ids"):
+        openai_client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, logit_bias={str(len(tokenizer)): 5})
+
+
+def test_deprecated_functions_become_tools(openai_client):
+    function = {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}
+    choice = openai_client.chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=40, functions=[function], function_call={"name": "add"}
+    ).choices[0]
+    assert [c.function.name for c in choice.message.tool_calls] == ["add"]
+
+
+def test_models_retrieve(openai_client):
+    assert openai_client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        openai_client.models.retrieve("no-such-model")
+
+
+@pytest.mark.parametrize(("method", "path", "status"), [("GET", "/v1/nothing", 404), ("GET", "/v1/completions", 405)])
+def test_unknown_routes_and_methods_answer_openai_errors(shim_url, method, path, status):
+    r = httpx.request(method, shim_url + path, timeout=10)
+    assert r.status_code == status
+    assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_generate_stream_echoes_the_clients_id_without_using_it_for_triton(shim_url):
+    body = {"id": "mine", "text_input": "Hi", "parameters": {"max_new_tokens": 3}}
+    events = [line for line in httpx.post(f"{shim_url}/v2/models/{MODEL}/generate", json=body, timeout=30).text.split()]
+    assert '"id":"mine"' in "".join(events).replace(" ", "")
+
+
+@pytest.fixture(scope="module")
+def locked_shim(triton):
+    settings = ShimSettings(triton_grpc_url=triton.grpc_url, served_model_name=MODEL, api_key="s3cret")
+    with running_shim(settings) as url:
+        yield url
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/v1/chat/completions", "/v2/models/tiny/generate", "/metrics"])
+def test_an_api_key_is_required_on_every_route_but_health(locked_shim, path):
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+        r = httpx.post(locked_shim + path, headers=headers, json={}, timeout=10)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert httpx.get(f"{locked_shim}/health", timeout=10).status_code == 200
+
+
+def test_the_sdk_with_the_key_is_served(locked_shim):
+    client = openai.OpenAI(base_url=f"{locked_shim}/v1", api_key="s3cret", max_retries=0)
+    assert client.models.list().data[0].id == MODEL
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{locked_shim}/v1", api_key="nope", max_retries=0).models.list()
