@@ -168,3 +168,19 @@ def test_log_probs_and_logits_are_the_models_own(tiny_model_dir, hf_model):
     with torch.no_grad():
         context = hf_model(torch.tensor([prompt])).logits[0]
     assert torch.allclose(torch.stack(seq.context_logits), context, atol=1e-4)
+
+
+def test_prompt_log_probs_are_the_models_own_even_from_a_cached_prefix(tiny_model_dir, hf_model):
+    prompt = random_prompts(1, seed=14, max_len=60)[0] + [7] * 40
+    engine = make_engine(tiny_model_dir, max_num_batched_tokens=16)  # the prompt is split over chunks
+    run(engine, [Sequence(prompt, SamplingParams(max_tokens=1))])  # now its blocks are in the prefix cache
+    params = SamplingParams(max_tokens=1, return_prompt_log_probs=True, top_log_probs=2, return_context_logits=True)
+    seq = Sequence(prompt, params)
+    run(engine, [seq])
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([prompt])).logits[0]
+    logprobs = torch.log_softmax(logits[:-1], -1)
+    expected = logprobs[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
+    assert torch.allclose(torch.tensor(seq.prompt_logprobs), expected, atol=1e-4)
+    assert [ids for ids, _ in seq.prompt_top_logprobs] == torch.topk(logprobs, 2).indices.tolist()
+    assert torch.allclose(torch.stack(seq.context_logits), logits, atol=1e-4)  # every row, none from the cache

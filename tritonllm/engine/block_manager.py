@@ -90,7 +90,7 @@ class BlockManager:
 
     def cached_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks holding the start of a sequence that has none yet (its last token is left to compute)."""
-        if not self.prefix_caching or seq.block_table or seq.prompt_table is not None:
+        if not self.prefix_caching or seq.block_table or seq.prompt_table is not None or seq.params.wants_prompt_logits:
             return []
         hashes = self._hashes(seq.token_ids[: len(seq.token_ids) - 1], seq.kv_namespace)
         found = []

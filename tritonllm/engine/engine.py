@@ -103,7 +103,7 @@ class LLMEngine:
         sampling = [c for c in chunks if c.samples]
         logits, context_logits = self.runner.forward(chunks)
         for index, rows in context_logits.items():
-            chunks[index].seq.context_logits.extend(rows)
+            self._record_prompt(chunks[index].seq, rows)
         for chunk in chunks:
             chunk.seq.num_computed += chunk.num_tokens
             self.blocks.register_full_blocks(chunk.seq)
@@ -209,6 +209,23 @@ class LLMEngine:
         else:
             stats.inter_token_latency.append(now - seq.last_token_time)
         seq.last_token_time = now
+
+    @staticmethod
+    def _record_prompt(seq: Sequence, rows: torch.Tensor) -> None:
+        """The logits of prompt positions from `seq.prompt_positions_seen` on: kept whole, or reduced at once to
+        the log-probabilities of the prompt tokens they predict, so a long prompt never holds [prompt, vocab]."""
+        p, first = seq.params, seq.prompt_positions_seen
+        seq.prompt_positions_seen += len(rows)
+        if p.return_context_logits:
+            seq.context_logits.extend(rows)
+        predicted = seq.prompt_ids[first + 1 : first + 1 + len(rows)]  # the last position predicts the output
+        if not p.return_prompt_log_probs or not predicted:
+            return
+        logprobs = torch.log_softmax(rows[: len(predicted)], -1)
+        seq.prompt_logprobs += logprobs[torch.arange(len(predicted)), torch.tensor(predicted)].tolist()
+        if p.top_log_probs:
+            top = torch.topk(logprobs, p.top_log_probs)
+            seq.prompt_top_logprobs += list(zip(top.indices.tolist(), top.values.tolist(), strict=True))
 
     @staticmethod
     def _record(seq: Sequence, sampled: Sampled, raw_logits: torch.Tensor) -> None:

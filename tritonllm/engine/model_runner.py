@@ -99,8 +99,8 @@ class ModelRunner:
         """Runs the chunks as one packed batch (`probe`: see model_check).
 
         Returns float32 logits for the chunks that sample, in order: one row each, plus one per draft token it
-        carries; and, for sequences that asked for context logits, the logits of this chunk's prompt positions
-        not recorded yet, by chunk index.
+        carries; and, for sequences that want their prompt's logits, those of this chunk's prompt positions not
+        recorded yet, by chunk index.
         """
         if self.blocks.pending_copies:
             self.cache.copy_blocks(self.blocks.pending_copies)
@@ -114,8 +114,8 @@ class ModelRunner:
             input_ids.extend(chunk.fed_tokens)
             positions.extend(range(start, start + chunk.num_fed))
             slots.extend(self.blocks.slot(seq, p) for p in range(start, start + chunk.num_fed))
-            if seq.params.return_context_logits:
-                wanted = range(max(start, len(seq.context_logits)), min(end, seq.num_prompt_tokens))
+            if seq.params.wants_prompt_logits:
+                wanted = range(max(start, seq.prompt_positions_seen), min(end, seq.num_prompt_tokens))
                 if wanted:
                     context_rows[index] = [offset + p - start for p in wanted]
             if chunk.samples:

@@ -38,10 +38,18 @@ class SamplingParams:
     top_log_probs: int = 0  # alternatives per token, with their log-probabilities
     return_context_logits: bool = False
     return_generation_logits: bool = False
+    # Each prompt token's log-probability given what precedes it (and top_log_probs alternatives), as OpenAI's
+    # completions give with echo and logprobs: how lm-eval and every log-likelihood benchmark score a model.
+    return_prompt_log_probs: bool = False
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0 or self.top_k == 1
+
+    @property
+    def wants_prompt_logits(self) -> bool:
+        """Whether the prompt positions' logits must be computed here, so none may come from the prefix cache."""
+        return self.return_context_logits or self.return_prompt_log_probs
 
     @property
     def processes_logits(self) -> bool:

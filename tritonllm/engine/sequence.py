@@ -73,7 +73,11 @@ class Sequence:
     # Reported back when the request asks (see SamplingParams).
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[tuple[list[int], list[float]]] = field(default_factory=list)
+    prompt_positions_seen: int = 0  # prompt positions whose logits were recorded (survives preemption)
     context_logits: list[torch.Tensor] = field(default_factory=list)  # one [vocab] row per prompt position
+    # From the second prompt token on: its log-probability, and the best alternatives, given the tokens before.
+    prompt_logprobs: list[float] = field(default_factory=list)
+    prompt_top_logprobs: list[tuple[list[int], list[float]]] = field(default_factory=list)
     generation_logits: list[torch.Tensor] = field(default_factory=list)  # one [vocab] row per output token
 
     def __post_init__(self) -> None:
