@@ -346,10 +346,12 @@ def test_completions_logprobs_echo_suffix_and_usage_arrays(openai_client):
     )
     choice = response.choices[0]
     assert choice.text.startswith("Hello") and choice.text.endswith("<END>")
-    lp = choice.logprobs
-    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.text_offset) == len(lp.top_logprobs) == 5
-    assert lp.text_offset[0] == len("Hello")
-    assert all(len(t) == 2 for t in lp.top_logprobs)
+    lp = choice.logprobs  # with echo, the prompt's tokens come first (the first has no log-probability)
+    prompt_tokens = response.usage.prompt_tokens
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.text_offset) == len(lp.top_logprobs) == prompt_tokens + 5
+    assert lp.text_offset[0] == 0 and lp.text_offset[prompt_tokens] == len("".join(lp.tokens[:prompt_tokens]))
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(len(t) == 2 for t in lp.top_logprobs[1:])
     usage = response.usage.model_extra
     assert len(usage["batch_size"]) == len(usage["queue_wait_time"]) == 5
 

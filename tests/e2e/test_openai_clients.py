@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
+import torch
 
 from tritonllm.shim.settings import ShimSettings
 
@@ -129,3 +130,34 @@ def test_the_sdk_with_the_key_is_served(locked_shim):
     assert client.models.list().data[0].id == MODEL
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{locked_shim}/v1", api_key="nope", max_retries=0).models.list()
+
+
+def test_echo_with_max_tokens_0_gives_the_prompts_log_probs(openai_client, tokenizer, hf_model):
+    """What lm-eval's loglikelihood asks: each prompt token's log-probability given the tokens before it."""
+    prompt = "The quick brown fox 你好"
+    ids = tokenizer.encode(prompt)
+    response = openai_client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=0, echo=True, logprobs=1, temperature=0
+    )
+    choice = response.choices[0]
+    with torch.no_grad():
+        logprobs = torch.log_softmax(hf_model(torch.tensor([ids])).logits[0, :-1], -1)
+    expected = logprobs[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+    assert choice.text == prompt and choice.finish_reason == "length" and response.usage.completion_tokens == 0
+    assert choice.logprobs.tokens == [tokenizer.decode([t]) for t in ids]
+    assert choice.logprobs.token_logprobs[0] is None and choice.logprobs.top_logprobs[0] is None
+    assert torch.allclose(torch.tensor(choice.logprobs.token_logprobs[1:]), expected, atol=1e-4)
+    best = [tokenizer.decode([t]) for t in logprobs.argmax(-1).tolist()]
+    assert [list(top) for top in choice.logprobs.top_logprobs[1:]] == [[b] for b in best]
+
+
+def test_echo_streams_the_prompt_once(openai_client):
+    kwargs = dict(model=MODEL, prompt="Hello 你好", max_tokens=6, echo=True, temperature=0)
+    streamed = "".join(c.choices[0].text for c in openai_client.completions.create(stream=True, **kwargs))
+    whole = openai_client.completions.create(**kwargs).choices[0].text
+    assert streamed == whole and whole.startswith("Hello 你好") and whole.count("Hello 你好") == 1
+
+
+def test_max_tokens_0_needs_echo(openai_client):
+    with pytest.raises(openai.BadRequestError, match="echo"):
+        openai_client.completions.create(model=MODEL, prompt="Hi", max_tokens=0)

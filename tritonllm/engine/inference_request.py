@@ -244,6 +244,7 @@ def _params(get: TensorLookup, vocab_size: int) -> SamplingParams:
         top_log_probs=top_log_probs,
         return_context_logits=bool(scalar(get, "return_context_logits", False)),
         return_generation_logits=bool(scalar(get, "return_generation_logits", False)),
+        return_prompt_log_probs=bool(scalar(get, "return_prompt_log_probs", False)),
     )
 
 

@@ -17,7 +17,7 @@ TOKEN_AXIS = 2  # [1, beam, tokens, ...]
 PER_TOKEN = ("output_ids", "output_log_probs", "top_log_probs", "top_log_prob_ids", "generation_logits")
 SUMMED = ("sequence_length",)
 # what belongs to the start of the span; every other tensor is a running value and the latest one holds
-EARLIEST = ("preceding_ids", "queue_wait_us", "context_logits")
+EARLIEST = ("preceding_ids", "queue_wait_us", "context_logits", "prompt_log_probs")
 
 
 @dataclass

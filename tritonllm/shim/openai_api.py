@@ -271,6 +271,7 @@ class ChatRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str]
+    max_tokens: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None  # 0 only with echo: the prompt alone
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     echo: bool | None = False
     suffix: str | None = None
@@ -288,7 +289,11 @@ class CompletionRequest(SamplingFields):
         return prompts
 
     def check(self) -> None:
-        """The completions page's rules for n, best_of and beam search."""
+        """The completions page's rules for n, best_of and beam search; max_tokens 0 only to echo the prompt."""
+        if self.max_tokens == 0 and not self.echo:
+            raise APIError(
+                400, "max_tokens: 0 is only allowed with echo (the prompt's log-probabilities)", "max_tokens"
+            )
         n, best_of = self.n or 1, self.best_of
         if self.use_beam_search:
             if self.stop:
@@ -311,6 +316,7 @@ class Choice:
     finish_reason: str | None = None
     stop: str | int | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # asked for by completions' echo
     prompt_tokens: int = 0
     completion_tokens: int = 0
     arrivals: list[float] = field(default_factory=list)
@@ -321,6 +327,7 @@ class Choice:
         chunk = piece.chunk
         self.text += piece.text
         self.logprobs += chunk.logprobs
+        self.prompt_logprobs = self.prompt_logprobs or chunk.prompt_logprobs
         self.prompt_tokens, self.completion_tokens = chunk.num_input_tokens, chunk.num_output_tokens
         self.arrivals.append(chunk.arrived)
         # Per token: the batch it was generated in, and the time it waited in the queue (only the first did).
@@ -474,6 +481,9 @@ def build_router(settings: ShimSettings) -> APIRouter:
                 gen.num_samples, gen.logprobs = body.best_of, True  # the best n by cumulative log-prob
             if body.logprobs is not None:
                 gen.logprobs, gen.top_logprobs = True, body.logprobs
+                gen.prompt_logprobs = bool(body.echo) or None
+            if body.max_tokens == 0:
+                gen.max_tokens = 1
             gens.append(gen)
         return await run(request, body, gens, CompletionRender(body, settings))
 
@@ -661,35 +671,49 @@ class CompletionRender(_Render):
         super().__init__(body, settings)
         self.whole_only = bool(body.use_beam_search)
         self.per = body.n or 1
-        self.offsets: dict[int, int] = {}
+        # max_tokens 0 with echo: the prompt and its log-probabilities alone (how lm-eval scores a continuation);
+        # the engine generates one token, which no one sees
+        self.prompt_only = body.max_tokens == 0
+        self.offsets: dict[int, int] = {}  # per choice: where its next logprobs token starts in its text
+        self.echoed: set[int] = set()
 
     def prompt_of(self, index: int) -> str:
         return self.body.prompt[index // self.per]
 
+    def generated(self, text: str, tokens: list[TokenLogprob]) -> tuple[str, list[TokenLogprob]]:
+        return ("", []) if self.prompt_only else (text, tokens)
+
     def events(self, index: int, piece: Piece, choice: Choice) -> list[dict]:
-        text = piece.text
-        if self.body.echo and index not in self.offsets:
-            text = self.prompt_of(index) + text
+        text, tokens = self.generated(piece.text, piece.chunk.logprobs)
+        if self.body.echo and index not in self.echoed:
+            self.echoed.add(index)
+            text, tokens = self.prompt_of(index) + text, piece.chunk.prompt_logprobs + tokens
         if piece.finish_reason and self.body.suffix:
             text += self.body.suffix
         if self.full_text:
-            text = (self.prompt_of(index) if self.body.echo else "") + choice.text
+            text = (self.prompt_of(index) if self.body.echo else "") + self.generated(choice.text, [])[0]
         if not text and not piece.finish_reason:
             return []
         out = {
             "index": index,
             "text": text,
-            "logprobs": self.logprobs(index, piece.chunk.logprobs),
-            "finish_reason": OPENAI_FINISH[piece.finish_reason] if piece.finish_reason else None,
+            "logprobs": self.logprobs(index, tokens),
+            "finish_reason": self.finish_reason(piece.finish_reason) if piece.finish_reason else None,
             "stop_reason": piece.stop,
         }
         extra = {"usage": self.usage([choice])} if piece.finish_reason and not self.include_usage() else {}
         return [self.envelope(self.object_chunk, [out], **extra)]
 
+    def finish_reason(self, reason: str) -> str:
+        return "length" if self.prompt_only else OPENAI_FINISH[reason]
+
     def usage(self, choices: list[Choice]) -> dict:
         longest = max(choices, key=lambda c: len(c.batch_sizes))
+        counts = _usage(choices, len(self.body.prompt))
+        if self.prompt_only:
+            counts = {**counts, "completion_tokens": 0, "total_tokens": counts["prompt_tokens"]}
         return {
-            **_usage(choices, len(self.body.prompt)),
+            **counts,
             "batch_size": longest.batch_sizes,
             "queue_wait_time": longest.queue_waits,
         }
@@ -697,7 +721,7 @@ class CompletionRender(_Render):
     def logprobs(self, index: int, tokens) -> dict | None:
         if self.body.logprobs is None:
             return None
-        offset = self.offsets.setdefault(index, len(self.prompt_of(index)) if self.body.echo else 0)
+        offset = self.offsets.get(index, 0)  # with echo, the tokens start with the prompt's
         offsets = []
         for t in tokens:
             offsets.append(offset)
@@ -707,7 +731,10 @@ class CompletionRender(_Render):
             "text_offset": offsets,
             "token_logprobs": [t.logprob for t in tokens],
             "tokens": [t.token for t in tokens],
-            "top_logprobs": [dict(t.top) for t in tokens] if self.body.logprobs else None,
+            # the prompt's first token has no log-probability, nor alternatives
+            "top_logprobs": [None if t.logprob is None else dict(t.top) for t in tokens]
+            if self.body.logprobs
+            else None,
         }
 
     def whole(self, choices: list[Choice]) -> dict:
@@ -720,13 +747,15 @@ class CompletionRender(_Render):
             chosen += group
         out = []
         for index, choice in enumerate(chosen):
-            prompt = self.body.prompt[index // n] if self.body.echo else ""
+            text, tokens = self.generated(choice.text, choice.logprobs)
+            if self.body.echo:
+                text, tokens = self.body.prompt[index // n] + text, choice.prompt_logprobs + tokens
             out.append(
                 {
                     "index": index,
-                    "text": prompt + choice.text + (self.body.suffix or ""),
-                    "logprobs": self.logprobs(index, choice.logprobs),
-                    "finish_reason": OPENAI_FINISH[choice.finish_reason],
+                    "text": text + (self.body.suffix or ""),
+                    "logprobs": self.logprobs(index, tokens),
+                    "finish_reason": self.finish_reason(choice.finish_reason),
                     "stop_reason": choice.stop,
                 }
             )

@@ -63,6 +63,7 @@ class GenerationRequest:
     beam_width: int = 1  # > 1: beam search; num_samples best beams come back
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    prompt_logprobs: bool | None = None  # each prompt token's log-probability (completions' echo)
     guide: tuple[str, str] | None = None  # (guided_decoding_guide_type, guided_decoding_guide)
     priority: int | None = None  # 1 highest .. 5 lowest
     timeout_ms: int | None = None  # the engine ends the generation with finish reason "timeout"
@@ -105,6 +106,7 @@ class GenerationRequest:
             ("beam_width", "INT32", np.int32, self.beam_width if beams else None),
             ("return_log_probs", "BOOL", bool, self.logprobs),
             ("num_top_log_probs", "INT32", np.int32, self.top_logprobs or None),
+            ("return_prompt_log_probs", "BOOL", bool, self.prompt_logprobs),
             ("priority", "INT32", np.int32, self.priority),
             ("timeout_ms", "INT32", np.int32, self.timeout_ms),
         ]
@@ -125,7 +127,7 @@ class GenerationRequest:
 @dataclass
 class TokenLogprob:
     token: str
-    logprob: float
+    logprob: float | None  # None: the prompt's first token, which nothing predicts
     top: list[tuple[str, float]]  # the best alternatives, best first
 
 
@@ -144,6 +146,7 @@ class Chunk:
     stop_token: int  # the stop_token_ids entry that ended it, else -1
     logprobs: list[TokenLogprob]
     arrived: float  # time.monotonic()
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # the first one's logprob is None
 
     @property
     def text(self) -> str:
@@ -182,6 +185,10 @@ class Chunk:
                 for i in range(len(log_probs))
             ],
             arrived=time.monotonic(),
+            prompt_logprobs=[
+                TokenLogprob(entry["token"], entry["logprob"], [tuple(t) for t in entry["top"]])
+                for entry in json.loads(scalar("prompt_log_probs_json") or b"[]")
+            ],
         )
 
 

@@ -313,6 +313,8 @@ class Responder:
             arrays["top_log_probs"] = np.array([t[1] for t in top], dtype=np.float32).reshape(shape)
         if p.return_context_logits and first == 0 and seq.context_logits:
             arrays["context_logits"] = torch.stack(seq.context_logits).numpy()[None]
+        if p.return_prompt_log_probs and first == 0:
+            arrays["prompt_log_probs"] = _prompt_log_probs(seq)
         if self.drafted:
             arrays["num_accepted_draft_tokens"] = np.array([[seq.accepted_drafts]], dtype=np.int32)
         if p.return_generation_logits and num_new:
@@ -324,7 +326,21 @@ NO_LOG_PROBS = {
     "output_log_probs": np.zeros((1, 1, 0), dtype=np.float32),
     "top_log_probs": np.zeros((1, 1, 0, 0), dtype=np.float32),
     "top_log_prob_ids": np.zeros((1, 1, 0, 0), dtype=np.int32),
+    "prompt_log_probs": np.zeros((1, 0, 2), dtype=np.float32),
 }
+
+
+def _prompt_log_probs(seq) -> np.ndarray:
+    """[1, prompt, 2 + 2k]: per prompt token, its id and log-probability given the tokens before it, then the
+    ids and log-probabilities of the k best alternatives; the first token, which nothing predicts, has NaNs."""
+    k = seq.params.top_log_probs
+    tops = seq.prompt_top_logprobs or [([], [])] * len(seq.prompt_logprobs)
+    rows = [[seq.prompt_ids[0], *[np.nan] * (1 + 2 * k)]]
+    rows += [
+        [token, logprob, *ids, *values]
+        for token, logprob, (ids, values) in zip(seq.prompt_ids[1:], seq.prompt_logprobs, tops, strict=True)
+    ]
+    return np.array(rows, dtype=np.float32).reshape(1, len(rows), 2 + 2 * k)
 
 
 def _reason(seq) -> bytes:

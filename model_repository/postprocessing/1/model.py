@@ -5,6 +5,8 @@ Also turns the llm's log-probs into what the OpenAI APIs show: each token's text
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -70,4 +72,25 @@ class TritonPythonModel:
             outputs.append(pb_utils.Tensor("token_texts", np.zeros((1, 0), dtype=np.object_)))
             outputs.append(pb_utils.Tensor("top_token_texts", np.zeros((1, 0, 0), dtype=np.object_)))
         outputs.extend(pb_utils.Tensor(name, status[name]) for name in FROM_STATUS)
+        prompt = self._prompt_log_probs(inputs["prompt_log_probs"][0])
+        outputs.append(pb_utils.Tensor("prompt_log_probs_json", _strings([prompt])[None]))
         return pb_utils.InferenceResponse(output_tensors=outputs)
+
+    def _prompt_log_probs(self, rows: np.ndarray) -> str:
+        """The llm's [token id, log-prob, k ids, k log-probs] rows as JSON with each token's text."""
+        if not len(rows):
+            return ""
+        k, decode = (rows.shape[1] - 2) // 2, self.tokenizer.decode
+        return json.dumps(
+            [
+                {
+                    "token": decode([int(row[0])]),
+                    "logprob": None if np.isnan(row[1]) else float(row[1]),
+                    "top": []
+                    if np.isnan(row[1])
+                    else [[decode([int(t)]), float(lp)] for t, lp in zip(row[2 : 2 + k], row[2 + k :], strict=True)],
+                }
+                for row in rows
+            ],
+            ensure_ascii=False,
+        )
