@@ -161,3 +161,39 @@ def test_echo_streams_the_prompt_once(openai_client):
 def test_max_tokens_0_needs_echo(openai_client):
     with pytest.raises(openai.BadRequestError, match="echo"):
         openai_client.completions.create(model=MODEL, prompt="Hi", max_tokens=0)
+
+
+def test_prompts_as_token_ids(openai_client, tokenizer, hf_model):
+    prompts = ["Hello", "The quick brown"]
+    ids = [tokenizer.encode(p) for p in prompts]
+    by_text = openai_client.completions.create(model=MODEL, prompt=prompts, max_tokens=6, temperature=0)
+    by_ids = openai_client.completions.create(model=MODEL, prompt=ids, max_tokens=6, temperature=0)
+    one = openai_client.completions.create(model=MODEL, prompt=ids[1], max_tokens=6, temperature=0, echo=True)
+    assert [c.text for c in by_ids.choices] == [c.text for c in by_text.choices]
+    assert one.choices[0].text == tokenizer.decode(ids[1]) + by_text.choices[1].text
+
+
+def test_token_id_prompts_score_like_lm_eval_asks(openai_client, tokenizer, hf_model):
+    ids = tokenizer.encode("数据 model token batch")
+    lp = (
+        openai_client.completions.create(model=MODEL, prompt=ids, max_tokens=0, echo=True, logprobs=1, temperature=0)
+        .choices[0]
+        .logprobs
+    )
+    with torch.no_grad():
+        logprobs = torch.log_softmax(hf_model(torch.tensor([ids])).logits[0, :-1], -1)
+    expected = logprobs[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+    assert len(lp.token_logprobs) == len(ids) and lp.token_logprobs[0] is None
+    assert torch.allclose(torch.tensor(lp.token_logprobs[1:]), expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("prompt", [[], [[]], [-1], [[1, 2], []]])
+def test_bad_token_id_prompts_are_400s(openai_client, prompt):
+    with pytest.raises(openai.BadRequestError) as info:
+        openai_client.completions.create(model=MODEL, prompt=prompt, max_tokens=2)
+    assert info.value.body["param"].startswith("prompt")
+
+
+def test_token_ids_outside_the_vocabulary_are_a_400(openai_client, tokenizer):
+    with pytest.raises(openai.BadRequestError, match="prompt_token_ids"):
+        openai_client.completions.create(model=MODEL, prompt=[1, len(tokenizer)], max_tokens=2)

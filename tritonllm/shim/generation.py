@@ -75,6 +75,8 @@ def _param_named_in(message: str) -> str | None:
         "chat_messages",
         "chat_tools",
         "input_ids",
+        "prompt_token_ids",
+        "logit_bias_ids",
         "temperature",
         "top_k",
         "guided_decoding_guide",

@@ -269,8 +269,12 @@ class ChatRequest(SamplingFields):
         return "json_schema", json.dumps(fmt.json_schema.schema_)
 
 
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+
+
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str]
+    # text, texts, token ids, or lists of token ids (lm-eval's tokenized requests); one choice set per prompt
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
     max_tokens: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None  # 0 only with echo: the prompt alone
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     echo: bool | None = False
@@ -283,9 +287,9 @@ class CompletionRequest(SamplingFields):
     @field_validator("prompt")
     @classmethod
     def _prompt(cls, v):
-        prompts = [v] if isinstance(v, str) else v
+        prompts = [v] if isinstance(v, str) or (v and isinstance(v[0], int)) else v
         if not prompts or any(not p for p in prompts):
-            raise ValueError("prompt must be a non-empty string or a list of non-empty strings")
+            raise ValueError("prompt must be a non-empty string or token-id list, or a list of them")
         return prompts
 
     def check(self) -> None:
@@ -316,7 +320,8 @@ class Choice:
     finish_reason: str | None = None
     stop: str | int | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
-    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # asked for by completions' echo
+    prompt_text: str | None = None  # asked for by completions' echo
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     arrivals: list[float] = field(default_factory=list)
@@ -327,7 +332,8 @@ class Choice:
         chunk = piece.chunk
         self.text += piece.text
         self.logprobs += chunk.logprobs
-        self.prompt_logprobs = self.prompt_logprobs or chunk.prompt_logprobs
+        if chunk.prompt_text is not None:
+            self.prompt_text, self.prompt_logprobs = chunk.prompt_text, chunk.prompt_logprobs
         self.prompt_tokens, self.completion_tokens = chunk.num_input_tokens, chunk.num_output_tokens
         self.arrivals.append(chunk.arrived)
         # Per token: the batch it was generated in, and the time it waited in the queue (only the first did).
@@ -470,7 +476,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
         for prompt in body.prompt:
             gen = body.generation_request(
                 settings.default_max_tokens,
-                text=prompt,
+                **({"text": prompt} if isinstance(prompt, str) else {"prompt_ids": prompt}),
                 use_raw_prompt=bool(body.use_raw_prompt) or None,
                 truncate_prompt=body.error_behavior == "truncate" or None,
             )
@@ -482,6 +488,8 @@ def build_router(settings: ShimSettings) -> APIRouter:
             if body.logprobs is not None:
                 gen.logprobs, gen.top_logprobs = True, body.logprobs
                 gen.prompt_logprobs = bool(body.echo) or None
+            if body.echo and not isinstance(prompt, str):
+                gen.prompt_logprobs = True  # they bring the prompt's text back too, which echo shows
             if body.max_tokens == 0:
                 gen.max_tokens = 1
             gens.append(gen)
@@ -677,8 +685,10 @@ class CompletionRender(_Render):
         self.offsets: dict[int, int] = {}  # per choice: where its next logprobs token starts in its text
         self.echoed: set[int] = set()
 
-    def prompt_of(self, index: int) -> str:
-        return self.body.prompt[index // self.per]
+    def echo_of(self, index: int, prompt_text: str | None) -> str:
+        """The prompt of choice `index` as text; one given as token ids comes back as text from the engine."""
+        prompt = self.body.prompt[index // self.per]
+        return prompt if isinstance(prompt, str) else prompt_text or ""
 
     def generated(self, text: str, tokens: list[TokenLogprob]) -> tuple[str, list[TokenLogprob]]:
         return ("", []) if self.prompt_only else (text, tokens)
@@ -687,11 +697,13 @@ class CompletionRender(_Render):
         text, tokens = self.generated(piece.text, piece.chunk.logprobs)
         if self.body.echo and index not in self.echoed:
             self.echoed.add(index)
-            text, tokens = self.prompt_of(index) + text, piece.chunk.prompt_logprobs + tokens
+            text, tokens = self.echo_of(index, piece.chunk.prompt_text) + text, piece.chunk.prompt_logprobs + tokens
         if piece.finish_reason and self.body.suffix:
             text += self.body.suffix
         if self.full_text:
-            text = (self.prompt_of(index) if self.body.echo else "") + self.generated(choice.text, [])[0]
+            text = (self.echo_of(index, choice.prompt_text) if self.body.echo else "") + self.generated(
+                choice.text, []
+            )[0]
         if not text and not piece.finish_reason:
             return []
         out = {
@@ -749,7 +761,7 @@ class CompletionRender(_Render):
         for index, choice in enumerate(chosen):
             text, tokens = self.generated(choice.text, choice.logprobs)
             if self.body.echo:
-                text, tokens = self.body.prompt[index // n] + text, choice.prompt_logprobs + tokens
+                text, tokens = self.echo_of(index, choice.prompt_text) + text, choice.prompt_logprobs + tokens
             out.append(
                 {
                     "index": index,

@@ -41,6 +41,7 @@ class GenerationRequest:
 
     max_tokens: int
     text: str | None = None
+    prompt_ids: list[int] | None = None  # a prompt given as token ids
     messages: list[dict] | None = None
     tools: list[dict] | None = None
     temperature: float | None = None
@@ -84,6 +85,8 @@ class GenerationRequest:
             tensors.append(("chat_messages", "BYTES", _bytes(json.dumps(self.messages))))
             if self.tools:
                 tensors.append(("chat_tools", "BYTES", _bytes(json.dumps(self.tools))))
+        elif self.prompt_ids is not None:
+            tensors.append(("prompt_token_ids", "INT32", np.array([self.prompt_ids], dtype=np.int32)))
         else:
             tensors.append(("text_input", "BYTES", _bytes(self.text or "")))
         beams = self.beam_width > 1
@@ -146,6 +149,8 @@ class Chunk:
     stop_token: int  # the stop_token_ids entry that ended it, else -1
     logprobs: list[TokenLogprob]
     arrived: float  # time.monotonic()
+    # asked for by return_prompt_log_probs, in a sample's first chunk: the prompt as text, and its tokens' log-probs
+    prompt_text: str | None = None
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # the first one's logprob is None
 
     @property
@@ -185,11 +190,17 @@ class Chunk:
                 for i in range(len(log_probs))
             ],
             arrived=time.monotonic(),
-            prompt_logprobs=[
-                TokenLogprob(entry["token"], entry["logprob"], [tuple(t) for t in entry["top"]])
-                for entry in json.loads(scalar("prompt_log_probs_json") or b"[]")
-            ],
+            **_prompt_log_probs(scalar("prompt_log_probs_json")),
         )
+
+
+def _prompt_log_probs(raw: bytes) -> dict:
+    """Chunk's prompt fields from postprocessing's JSON (empty but in a request's first response)."""
+    if not raw:
+        return {}
+    parsed = json.loads(raw)
+    tokens = [TokenLogprob(t["token"], t["logprob"], [tuple(top) for top in t["top"]]) for t in parsed["tokens"]]
+    return {"prompt_text": parsed["text"], "prompt_logprobs": tokens}
 
 
 def _bytes(text: str) -> np.ndarray:

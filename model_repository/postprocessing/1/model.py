@@ -77,20 +77,18 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=outputs)
 
     def _prompt_log_probs(self, rows: np.ndarray) -> str:
-        """The llm's [token id, log-prob, k ids, k log-probs] rows as JSON with each token's text."""
+        """The llm's [token id, log-prob, k ids, k log-probs] rows as JSON: the prompt's text, and each token's
+        text, log-probability and alternatives."""
         if not len(rows):
             return ""
-        k, decode = (rows.shape[1] - 2) // 2, self.tokenizer.decode
-        return json.dumps(
-            [
-                {
-                    "token": decode([int(row[0])]),
-                    "logprob": None if np.isnan(row[1]) else float(row[1]),
-                    "top": []
-                    if np.isnan(row[1])
-                    else [[decode([int(t)]), float(lp)] for t, lp in zip(row[2 : 2 + k], row[2 + k :], strict=True)],
-                }
-                for row in rows
-            ],
-            ensure_ascii=False,
-        )
+        decode, k = self.tokenizer.decode, (rows.shape[1] - 2) // 2
+
+        def entry(row: np.ndarray) -> dict:
+            token, logprob = decode([int(row[0])]), float(row[1])
+            if np.isnan(logprob):  # the first token: nothing predicts it
+                return {"token": token, "logprob": None, "top": []}
+            top = [[decode([int(t)]), float(v)] for t, v in zip(row[2 : 2 + k], row[2 + k :], strict=True)]
+            return {"token": token, "logprob": logprob, "top": top}
+
+        prompt = decode([int(row[0]) for row in rows])
+        return json.dumps({"text": prompt, "tokens": [entry(row) for row in rows]}, ensure_ascii=False)

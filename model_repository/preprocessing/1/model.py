@@ -153,10 +153,16 @@ class TritonPythonModel:
                 return_dict=True,
             )
             ids = list(encoded["input_ids"])
+        elif pb_utils.get_input_tensor_by_name(request, "prompt_token_ids") is not None:
+            ids = _ids(request, "prompt_token_ids")
+            vocab = len(self.tokenizer)
+            outside = [t for t in ids if not 0 <= t < vocab]
+            if outside:
+                raise ValueError(f"prompt_token_ids holds token ids outside [0, {vocab}): {outside[:5]}")
         else:
             text = _string(request, "text_input")
             if text is None:
-                raise ValueError("text_input (or chat_messages) is required")
+                raise ValueError("text_input (or chat_messages, or prompt_token_ids) is required")
             raw = _bool(request, "use_raw_prompt", False)  # exactly the text: no special tokens added
             ids = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens and not raw)
         if not ids:
