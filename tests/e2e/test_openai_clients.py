@@ -197,3 +197,10 @@ def test_bad_token_id_prompts_are_400s(openai_client, prompt):
 def test_token_ids_outside_the_vocabulary_are_a_400(openai_client, tokenizer):
     with pytest.raises(openai.BadRequestError, match="prompt_token_ids"):
         openai_client.completions.create(model=MODEL, prompt=[1, len(tokenizer)], max_tokens=2)
+
+
+def test_the_shim_exports_its_own_metrics(openai_client, shim_url):
+    openai_client.models.list()
+    text = httpx.get(f"{shim_url}/metrics", timeout=10).text
+    assert 'tritonllm_shim_requests_total{route="/v1/models",status="200"}' in text
+    assert 'tritonllm_shim_response_start_seconds_count{route="/v1/models"}' in text

@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import embeddings_api, generate_api, openai_api
+from . import embeddings_api, generate_api, metrics, openai_api
 from .errors import APIError, api_error_handler, http_error_handler, validation_error_handler
 from .settings import ShimSettings
 from .triton_client import TritonLLMClient
@@ -40,6 +40,7 @@ def create_app(settings: ShimSettings) -> FastAPI:
                 return JSONResponse(error.body(), status_code=401)
             return await call_next(request)
 
+    metrics.install(app)
     app.include_router(openai_api.build_router(settings))
     app.include_router(embeddings_api.build_router(settings))
     app.include_router(generate_api.build_router(settings))
