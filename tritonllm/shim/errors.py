@@ -66,4 +66,5 @@ def json_body(model: type[M]) -> Callable[[Request], Awaitable[M]]:
         except ValidationError as e:
             raise RequestValidationError(e.errors(include_url=False)) from e
 
+    parse.body_model = model  # for /openapi.json (see openapi.py)
     return parse
