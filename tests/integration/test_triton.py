@@ -536,3 +536,14 @@ def test_embedding_model_batches_requests_and_refuses_only_the_long_one(triton, 
         np.testing.assert_allclose(vectors, expected, atol=2e-6)
         full = [(instructions[i] or "") + t for t in batches[i]]
         assert counts.tolist() == [len(ids) for ids in sentence_model.tokenizer(full)["input_ids"]]
+
+
+def test_exclude_input_in_output_as_genai_perf_sends_it(stream, tokenizer, hf_model):
+    """genai-perf's tensorrtllm input format sends exclude_input_in_output true; false cannot be honoured."""
+    expected, _ = greedy_text(hf_model, tokenizer, tokenizer.encode(PROMPTS[3]), 8)
+    s = stream()
+    s.send("ensemble", [*ensemble_inputs(PROMPTS[3], 8), tensor("exclude_input_in_output", [[True]], "BOOL")])
+    assert text_of(s.until_final()) == expected
+    s.send("ensemble", [*ensemble_inputs(PROMPTS[3], 8), tensor("exclude_input_in_output", [[False]], "BOOL")])
+    with pytest.raises(InferenceServerException, match="exclude_input_in_output"):
+        s.next()

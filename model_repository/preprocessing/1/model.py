@@ -78,6 +78,8 @@ class TritonPythonModel:
 
     def _one(self, request):
         try:
+            if not _bool(request, "exclude_input_in_output", True):
+                raise ValueError("exclude_input_in_output: false is not supported; text_output never repeats the input")
             ids = self._tokenize(request)
             max_tokens = _int(request, "max_tokens", self.default_max_tokens)
             if max_tokens < 1:
