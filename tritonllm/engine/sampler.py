@@ -6,6 +6,7 @@ warpers), so they describe the model, not the request's decoding settings.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -86,7 +87,9 @@ def sample_one(raw: torch.Tensor, seq: Sequence, argmax: int | None = None, draf
         row = warp(row, p.temperature, p.top_k, p.top_p, p.typical_p)
         if p.watermark:
             row = watermark(row, seq.token_ids[-1])
-        probs = _finite(row).softmax(-1)
+        probs = row.softmax(-1)
+        if not math.isfinite(float(probs.sum())):  # rare, so the repair stays off the hot path
+            probs = _finite(row).softmax(-1)
         token = _speculative(probs, seq, draft) if draft is not None else _draw(probs, seq)
     result = Sampled(token)
     if p.return_log_probs or p.top_log_probs:

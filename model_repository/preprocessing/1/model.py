@@ -128,16 +128,19 @@ class TritonPythonModel:
         _same_length("logit_bias_ids", ids, "logit_bias_values", values)
         if not words and not ids:
             return np.zeros(0, dtype=np.float32)
-        vocab = len(self.tokenizer)
-        outside = [t for t in ids if not 0 <= t < vocab]
-        if outside:
-            raise ValueError(f"logit_bias_ids holds token ids outside [0, {vocab}): {outside[:5]}")
-        bias = np.zeros(vocab, dtype=np.float32)
+        self._check_ids("logit_bias_ids", ids)
+        bias = np.zeros(len(self.tokenizer), dtype=np.float32)
         for word, weight in zip(words, weights, strict=True):
             for token in self.tokenizer.encode(word, add_special_tokens=False):
                 bias[token] += weight
         np.add.at(bias, ids, values)
         return bias
+
+    def _check_ids(self, name: str, ids: list[int]) -> None:
+        vocab = len(self.tokenizer)
+        outside = [t for t in ids if not 0 <= t < vocab]
+        if outside:
+            raise ValueError(f"{name} holds token ids outside [0, {vocab}): {outside[:5]}")
 
     def _tokenize(self, request) -> list[int]:
         messages = _string(request, "chat_messages")
@@ -157,10 +160,7 @@ class TritonPythonModel:
             ids = list(encoded["input_ids"])
         elif pb_utils.get_input_tensor_by_name(request, "prompt_token_ids") is not None:
             ids = _ids(request, "prompt_token_ids")
-            vocab = len(self.tokenizer)
-            outside = [t for t in ids if not 0 <= t < vocab]
-            if outside:
-                raise ValueError(f"prompt_token_ids holds token ids outside [0, {vocab}): {outside[:5]}")
+            self._check_ids("prompt_token_ids", ids)
         else:
             text = _string(request, "text_input")
             if text is None:
