@@ -204,3 +204,32 @@ def test_the_shim_exports_its_own_metrics(openai_client, shim_url):
     text = httpx.get(f"{shim_url}/metrics", timeout=10).text
     assert 'tritonllm_shim_requests_total{route="/v1/models",status="200"}' in text
     assert 'tritonllm_shim_response_start_seconds_count{route="/v1/models"}' in text
+
+
+@pytest.mark.parametrize("limit", [{"max_tokens": 2047}, {"max_completion_tokens": 10**9}])
+def test_max_tokens_beyond_the_context_is_a_400_giving_the_numbers(openai_client, limit):
+    with pytest.raises(openai.BadRequestError) as info:
+        openai_client.chat.completions.create(model=MODEL, messages=HELLO, **limit)
+    assert info.value.body["param"] == "max_tokens"
+    assert "the context holds 2048 tokens" in info.value.body["message"]
+
+
+def test_truncation_makes_room_for_max_tokens(openai_client):
+    response = openai_client.completions.create(
+        model=MODEL, prompt="word " * 300, max_tokens=2000, temperature=0, extra_body={"error_behavior": "truncate"}
+    )
+    assert response.usage.prompt_tokens == 48
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_tool_call_cut_off_ends_with_length_and_no_markup(openai_client, stream):
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    kwargs = dict(model=MODEL, messages=HELLO, tools=[tool], tool_choice="required", max_tokens=2, stream=stream)
+    response = openai_client.chat.completions.create(**kwargs)
+    if stream:
+        chunks = [c.choices[0] for c in response if c.choices]
+        content = "".join(c.delta.content or "" for c in chunks)
+        finish = [c.finish_reason for c in chunks if c.finish_reason]
+    else:
+        content, finish = response.choices[0].message.content or "", [response.choices[0].finish_reason]
+    assert finish == ["length"] and "tool_call" not in content

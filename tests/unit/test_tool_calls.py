@@ -32,7 +32,9 @@ FUNCTIONS = [
 ]
 
 
-def parse(fmt: str, text: str, piece: int, max_calls: int | None = None) -> tuple[str, list[dict], list[dict]]:
+def parse(
+    fmt: str, text: str, piece: int, max_calls: int | None = None, cut_off: bool = False
+) -> tuple[str, list[dict], list[dict]]:
     """Feeds `text` in pieces of `piece` characters; the content, the calls put together from deltas, and the
     parser's own list."""
     parser = ToolCallParser(FORMATS[fmt], max_calls)
@@ -41,7 +43,7 @@ def parse(fmt: str, text: str, piece: int, max_calls: int | None = None) -> tupl
         more, new = parser.feed(text[start : start + piece])
         content, deltas = content + more, deltas + new
         groups.append(new)
-    more, new = parser.finish()
+    more, new = parser.finish(cut_off)
     assert all(len({d["index"] for d in group}) == len(group) for group in groups + [new])  # one entry a call
     calls: dict[int, dict] = {}
     for delta in deltas + new:
@@ -91,6 +93,17 @@ def test_a_call_cut_off_keeps_what_was_streamed():
     assert content == ""
     assert streamed == [{"name": "get_weather", "arguments": '{"city": "Pa'}]
     assert whole[0]["function"]["arguments"] == '{"city": "Pa'
+
+
+@pytest.mark.parametrize("text", ["<tool_call>", '<tool_call>\n{"na', '{"name": "get_w'])
+def test_a_call_cut_off_before_its_name_leaves_no_markup_in_the_content(text):
+    fmt = "json" if text.startswith("{") else "hermes"
+    for piece in (1, 1000):
+        assert parse(fmt, "Sure. " * (fmt == "hermes") + text, piece, cut_off=True)[:2] == (
+            "Sure. " * (fmt == "hermes"),
+            [],
+        )
+        assert parse(fmt, text, piece)[0] == text  # not cut off: what the model wrote was no call
 
 
 def test_name_after_arguments_arrives_whole():

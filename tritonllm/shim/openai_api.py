@@ -103,6 +103,8 @@ class SamplingFields(BaseModel):
         top_k = None if self.top_k is None else (0 if self.top_k == -1 else self.top_k)
         return GenerationRequest(
             max_tokens=self.output_limit or default_max_tokens,
+            # a limit the client set must fit after the prompt (OpenAI's 400); the default stops at the context
+            max_tokens_must_fit=self.output_limit is not None or None,
             # OpenAI's default temperature is 1.0 (sampling); 0 asks for greedy decoding.
             temperature=1.0 if self.temperature is None else self.temperature,
             top_k=top_k,
@@ -603,13 +605,13 @@ class ChatRender(_Render):
             )
         ]
 
-    def split(self, parser: ToolCallParser, text: str, final: bool) -> tuple[str, list[dict]]:
+    def split(self, parser: ToolCallParser, text: str, finish_reason: str | None) -> tuple[str, list[dict]]:
         """Content and tool-call deltas of new text; with tools off, all of it is content."""
         if not self.tools:
             return text, []
         content, calls = parser.feed(text)
-        if final:
-            rest, more = parser.finish()
+        if finish_reason:
+            rest, more = parser.finish(cut_off=finish_reason == "length")
             content, calls = content + rest, calls + more
         return content, calls
 
@@ -619,7 +621,7 @@ class ChatRender(_Render):
 
     def events(self, index: int, piece: Piece, choice: Choice) -> list[dict]:
         parser = self.parsers.setdefault(index, self.new_parser())
-        text, calls = self.split(parser, piece.text, bool(piece.finish_reason))
+        text, calls = self.split(parser, piece.text, piece.finish_reason)
         self.shown[index] = self.shown.get(index, "") + text
         delta: dict[str, Any] = {}
         if self.full_text and (text or piece.finish_reason):
@@ -656,7 +658,7 @@ class ChatRender(_Render):
         out = []
         for index, choice in enumerate(choices):
             parser = self.new_parser()
-            content, _ = self.split(parser, choice.text, final=True)
+            content, _ = self.split(parser, choice.text, choice.finish_reason)
             message: dict[str, Any] = {"role": "assistant", "content": content}
             if parser.tool_calls():
                 message = {"role": "assistant", "content": content or None, "tool_calls": parser.tool_calls()}

@@ -40,6 +40,7 @@ class GenerationRequest:
     """One generation as the ensemble's tensors; None leaves a tensor out (the ensemble's default)."""
 
     max_tokens: int
+    max_tokens_must_fit: bool | None = None  # prompt + max_tokens beyond the context: an error, not a clamp
     text: str | None = None
     prompt_ids: list[int] | None = None  # a prompt given as token ids
     messages: list[dict] | None = None
@@ -105,6 +106,7 @@ class GenerationRequest:
             ("ignore_eos", "BOOL", bool, self.ignore_eos),
             ("use_raw_prompt", "BOOL", bool, self.use_raw_prompt),
             ("truncate_prompt", "BOOL", bool, self.truncate_prompt),
+            ("max_tokens_must_fit", "BOOL", bool, self.max_tokens_must_fit),
             ("num_return_sequences", "INT32", np.int32, self.num_samples if self.num_samples > 1 else None),
             ("beam_width", "INT32", np.int32, self.beam_width if beams else None),
             ("return_log_probs", "BOOL", bool, self.logprobs),

@@ -202,11 +202,12 @@ class ToolCallParser:
         content = self._content(final=False)
         return content, _merged(self._parse()) if self._scan is not None else []
 
-    def finish(self) -> tuple[str, list[dict]]:
-        """The rest: a call region with no complete call goes back to the content, as the model wrote it."""
+    def finish(self, cut_off: bool = False) -> tuple[str, list[dict]]:
+        """The rest: a call region with no named call goes back to the content, as the model wrote it, unless
+        the length limit cut it off (`cut_off`): then it was a call's start, and its markup is no answer."""
         content = self._content(final=True)
         deltas = _merged(self._parse()) if self._scan is not None else []
-        if self._scan is not None and not any(c.name for c in self.calls):
+        if self._scan is not None and not cut_off and not any(c.name for c in self.calls):
             content += self.text[self._sent :]
             self._sent = len(self.text)
         return content, deltas

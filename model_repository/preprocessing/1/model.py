@@ -72,6 +72,7 @@ class TritonPythonModel:
             "max_position_embeddings - 1": positions - 1,
         }
         self.max_prompt_tokens = min(self.limits.values())
+        self.context = min(params.int("max_seq_len", 1 << 31), positions)  # prompt and generated tokens
 
     def execute(self, requests: list) -> list:
         return [self._one(request) for request in requests]
@@ -80,10 +81,10 @@ class TritonPythonModel:
         try:
             if not _bool(request, "exclude_input_in_output", True):
                 raise ValueError("exclude_input_in_output: false is not supported; text_output never repeats the input")
-            ids = self._tokenize(request)
             max_tokens = _int(request, "max_tokens", self.default_max_tokens)
             if max_tokens < 1:
                 raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+            ids = self._tokenize(request, max_tokens if _bool(request, "max_tokens_must_fit", False) else None)
             bad_words = self._word_list(request, "bad_words")
             stop_token_ids = [t for t in _ids(request, "stop_token_ids") if 0 <= t < len(self.tokenizer)]
             stop_words = self._word_list(request, "stop_words", [[t] for t in stop_token_ids])
@@ -142,7 +143,8 @@ class TritonPythonModel:
         if outside:
             raise ValueError(f"{name} holds token ids outside [0, {vocab}): {outside[:5]}")
 
-    def _tokenize(self, request) -> list[int]:
+    def _tokenize(self, request, output_tokens: int | None) -> list[int]:
+        """The prompt's ids; `output_tokens` (max_tokens_must_fit): they must fit in the context after it."""
         messages = _string(request, "chat_messages")
         if messages is not None:
             conversation = json_list(messages, "chat_messages")
@@ -169,6 +171,13 @@ class TritonPythonModel:
             ids = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens and not raw)
         if not ids:
             raise ValueError("text_input is empty after tokenization")
+        if output_tokens is not None and len(ids) + output_tokens > self.context:
+            if not _bool(request, "truncate_prompt", False) or output_tokens >= self.context:
+                raise ValueError(
+                    f"max_tokens is too large: {output_tokens}; the context holds {self.context} tokens and the "
+                    f"prompt has {len(ids)} ({output_tokens} > {self.context} - {len(ids)})"
+                )
+            ids = ids[len(ids) + output_tokens - self.context :]
         if len(ids) > self.max_prompt_tokens:
             if not _bool(request, "truncate_prompt", False):
                 limits = ", ".join(f"{name} = {value}" for name, value in self.limits.items() if value < 1 << 30)
