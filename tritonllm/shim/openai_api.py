@@ -456,7 +456,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
         check_model(body.model)
         body.check()
         messages = [m.rendered(i) for i, m in enumerate(body.messages)]
-        _check_size(sum(len(m["content"]) for m in messages), "messages")
+        check_size(sum(len(m["content"]) for m in messages), "messages")
         if body.top_logprobs and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
         gen = body.generation_request(
@@ -473,7 +473,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
     async def completions(request: Request, body: CompletionBody) -> Any:
         check_model(body.model)
         body.check()
-        _check_size(sum(len(p) for p in body.prompt), "prompt")
+        check_size(sum(len(p) for p in body.prompt), "prompt")
         gens = []
         for prompt in body.prompt:
             gen = body.generation_request(
@@ -500,7 +500,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
     return router
 
 
-def _check_size(chars: int, field_name: str) -> None:
+def check_size(chars: int, field_name: str) -> None:
     if chars > MAX_TEXT_CHARS:
         raise APIError(413, f"{field_name} has {chars} characters; at most {MAX_TEXT_CHARS} (4 MB) are allowed")
 

@@ -21,8 +21,12 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from ..runtime import response_status
+
 ENSEMBLE = "ensemble"
 LLM = "llm"
+PREPROCESSING = "preprocessing"
+POSTPROCESSING = "postprocessing"
 EMBEDDING = "embedding"
 FINISH_GRACE_S = 30.0  # how long an abandoned call may take to end after its stop before it is cancelled
 
@@ -127,6 +131,55 @@ class GenerationRequest:
             tensors.append(("guided_decoding_guide_type", "BYTES", _bytes(self.guide[0])))
             tensors.append(("guided_decoding_guide", "BYTES", _bytes(self.guide[1])))
         return [_infer_input(name, dt, array) for name, dt, array in tensors]
+
+
+@dataclass
+class TokenizeRequest:
+    """A text or chat messages for `preprocessing` alone."""
+
+    text: str | None = None
+    messages: list[dict] | None = None
+    tools: list[dict] | None = None
+    add_special_tokens: bool = True  # for text; a chat template adds its own
+    add_generation_prompt: bool = True
+    token_strs: bool = False
+
+    def inputs(self) -> list[grpcclient.InferInput]:
+        if self.messages is not None:
+            tensors = [("chat_messages", "BYTES", _bytes(json.dumps(self.messages)))]
+            if self.tools:
+                tensors.append(("chat_tools", "BYTES", _bytes(json.dumps(self.tools))))
+            flag = ("add_generation_prompt", self.add_generation_prompt)
+        else:
+            tensors = [("text_input", "BYTES", _bytes(self.text or ""))]
+            flag = ("use_raw_prompt", not self.add_special_tokens)
+        tensors.append((flag[0], "BOOL", np.array([[flag[1]]], dtype=bool)))
+        return [_infer_input(name, dt, array) for name, dt, array in tensors]
+
+
+@dataclass
+class Tokenized:
+    ids: list[int]
+    context_len: int  # the tokens the context holds, prompt and generated
+    token_strs: list[str] | None
+
+
+def _whole_response(ids: list[int]) -> list[grpcclient.InferInput]:
+    """`postprocessing`'s inputs for one finished sequence of `ids` with nothing before it and no log-probs."""
+    fields = {name: np.zeros(1, dtype=dtype) for name, dtype in response_status.FIELDS}
+    status = response_status.pack(
+        {**fields, "finish_reason": np.array([b"length"]), "sequence_length": np.array([len(ids)])}
+    )
+    return [
+        _infer_input("output_ids", "INT32", np.array([[ids]], dtype=np.int32)),
+        _infer_input("preceding_ids", "INT32", np.zeros((1, 0), dtype=np.int32)),
+        _infer_input(response_status.NAME, "INT64", status),
+        _infer_input("output_log_probs", "FP32", np.zeros((1, 1, 0), dtype=np.float32)),
+        _infer_input("top_log_probs", "FP32", np.zeros((1, 1, 0, 0), dtype=np.float32)),
+        _infer_input("top_log_prob_ids", "INT32", np.zeros((1, 1, 0, 0), dtype=np.int32)),
+        _infer_input("prompt_log_probs", "FP32", np.zeros((1, 0, 0), dtype=np.float32)),
+        _infer_input("check_ids", "BOOL", np.array([[True]])),
+    ]
 
 
 @dataclass
@@ -257,15 +310,35 @@ class TritonLLMClient:
         inputs = [_infer_input("text_input", "BYTES", rows)]
         if instruction:
             inputs.append(_infer_input("instruction", "BYTES", np.full_like(rows, instruction.encode("utf-8"))))
-        # Shielded, so that a caller going away does not cancel the call.
-        call = self._run_in_background(self._client.infer(EMBEDDING, inputs))
+        result = await self._infer(EMBEDDING, inputs)
+        return result.as_numpy("embedding"), result.as_numpy("num_input_tokens").reshape(-1)
+
+    async def tokenize(self, request: TokenizeRequest) -> Tokenized:
+        """The prompt's ids as `preprocessing` makes them for a generation, with their token strings."""
+        outputs = ["input_ids", "context_len", *(["token_strs"] if request.token_strs else [])]
+        result = await self._infer(PREPROCESSING, request.inputs(), outputs)
+        strs = result.as_numpy("token_strs") if request.token_strs else None
+        return Tokenized(
+            ids=result.as_numpy("input_ids").reshape(-1).tolist(),
+            context_len=int(result.as_numpy("context_len").reshape(-1)[0]),
+            token_strs=None if strs is None else [t.decode("utf-8") for t in strs.reshape(-1)],
+        )
+
+    async def detokenize(self, ids: list[int]) -> str:
+        """The text of `ids` as `postprocessing` makes a generation's last response (special tokens kept)."""
+        result = await self._infer(POSTPROCESSING, _whole_response(ids), ["text_output"])
+        return result.as_numpy("text_output").reshape(-1)[0].decode("utf-8")
+
+    async def _infer(self, model: str, inputs: list, outputs: list[str] | None = None):
+        """One request, one response; shielded, so that a caller going away does not cancel the call."""
+        wanted = [grpcclient.InferRequestedOutput(name) for name in outputs] if outputs else None
+        call = self._run_in_background(self._client.infer(model, inputs, outputs=wanted))
         try:
-            result = await asyncio.shield(call)
+            return await asyncio.shield(call)
         except InferenceServerException as e:
             if e.status() == str(grpc.StatusCode.UNAVAILABLE):
                 raise TritonUnavailable(e.message()) from e
             raise TritonRequestError(e.message()) from e
-        return result.as_numpy("embedding"), result.as_numpy("num_input_tokens").reshape(-1)
 
     async def stop(self, request_id: str) -> None:
         """Ends the llm sequences that carry `request_id`."""

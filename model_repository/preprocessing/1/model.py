@@ -49,6 +49,10 @@ def _floats(request, name: str) -> list[float]:
     return [] if tensor is None else tensor.as_numpy().reshape(-1).tolist()
 
 
+def _strings_array(texts: list[str]) -> np.ndarray:
+    return np.array([[t.encode("utf-8") for t in texts]], dtype=np.object_)
+
+
 def _same_length(name: str, values: list, other_name: str, others: list) -> None:
     if len(values) != len(others):
         raise ValueError(f"{name} has {len(values)} entries but {other_name} has {len(others)}")
@@ -96,8 +100,16 @@ class TritonPythonModel:
         pad_id = _int(request, "pad_id", tok.pad_token_id if tok.pad_token_id is not None else end_id)
         if _bool(request, "ignore_eos", False):
             end_id = -1
+        # asked for by callers that only tokenize (the shim's /tokenize), never by the ensemble
+        wanted = set(request.requested_output_names())
+        extra = []
+        if "token_strs" in wanted:
+            extra.append(pb_utils.Tensor("token_strs", _strings_array(tok.convert_ids_to_tokens(ids))))
+        if "context_len" in wanted:
+            extra.append(pb_utils.Tensor("context_len", np.array([[self.context]], dtype=np.int32)))
         return pb_utils.InferenceResponse(
-            output_tensors=[
+            output_tensors=extra
+            + [
                 pb_utils.Tensor("input_ids", np.array([ids], dtype=np.int32)),
                 pb_utils.Tensor("request_output_len", np.array([[max_tokens]], dtype=np.int32)),
                 pb_utils.Tensor("end_id", np.array([[end_id]], dtype=np.int32)),
@@ -155,7 +167,7 @@ class TritonPythonModel:
             encoded = self.tokenizer.apply_chat_template(
                 conversation,
                 tools=tools,
-                add_generation_prompt=True,
+                add_generation_prompt=_bool(request, "add_generation_prompt", True),
                 tokenize=True,
                 return_dict=True,
             )

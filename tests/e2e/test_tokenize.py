@@ -1,0 +1,66 @@
+"""/tokenize and /detokenize, vLLM's shapes, checked against the tokenizer and against what generation counts."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from .conftest import MODEL
+
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello 你好"}]
+
+
+def post(shim_url: str, path: str, body: dict) -> httpx.Response:
+    return httpx.post(shim_url + path, json=body, timeout=30)
+
+
+def test_a_prompt_tokenizes_as_the_tokenizer_does(shim_url, tokenizer):
+    prompt = "Hello 你好 world"
+    r = post(shim_url, "/tokenize", {"model": MODEL, "prompt": prompt, "return_token_strs": True}).json()
+    ids = tokenizer.encode(prompt)
+    assert r == {
+        "count": len(ids),
+        "max_model_len": 2048,
+        "tokens": ids,
+        "token_strs": tokenizer.convert_ids_to_tokens(ids),
+    }
+    bare = post(shim_url, "/tokenize", {"prompt": prompt, "add_special_tokens": False}).json()
+    assert bare["tokens"] == tokenizer.encode(prompt, add_special_tokens=False) and bare["token_strs"] is None
+
+
+@pytest.mark.parametrize("generation_prompt", [True, False])
+def test_messages_tokenize_as_the_chat_template_renders_them(shim_url, tokenizer, generation_prompt):
+    body = {"model": MODEL, "messages": MESSAGES, "add_generation_prompt": generation_prompt}
+    tokens = post(shim_url, "/tokenize", body).json()["tokens"]
+    rendered = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=generation_prompt, tokenize=False)
+    assert tokens == tokenizer.encode(rendered, add_special_tokens=False)
+
+
+def test_the_count_is_what_a_chat_completion_counts(shim_url, openai_client):
+    count = post(shim_url, "/tokenize", {"messages": MESSAGES}).json()["count"]
+    usage = openai_client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=1).usage
+    assert count == usage.prompt_tokens
+
+
+def test_detokenize_inverts_tokenize(shim_url, tokenizer):
+    text = "Hello 你好, <|im_start|> and tabs\t."
+    tokens = post(shim_url, "/tokenize", {"prompt": text, "add_special_tokens": False}).json()["tokens"]
+    assert post(shim_url, "/detokenize", {"model": MODEL, "tokens": tokens}).json() == {"prompt": text}
+    assert post(shim_url, "/detokenize", {"tokens": []}).json() == {"prompt": ""}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param"),
+    [
+        ("/detokenize", {"tokens": [1, 10**8]}, 400, "tokens"),
+        ("/detokenize", {"tokens": [-1]}, 400, "tokens.0"),
+        ("/tokenize", {"prompt": "x", "messages": MESSAGES}, 400, "prompt"),
+        ("/tokenize", {}, 400, "prompt"),
+        ("/tokenize", {"messages": [{"role": "user", "content": ""}]}, 400, "messages.0.content"),
+        ("/tokenize", {"model": "nope", "prompt": "x"}, 404, "model"),
+        ("/tokenize", {"prompt": "x", "bogus": 1}, 400, "bogus"),
+    ],
+)
+def test_bad_requests_name_the_field(shim_url, path, body, status, param):
+    r = post(shim_url, path, body)
+    assert r.status_code == status and r.json()["error"]["param"] == param

@@ -1,0 +1,103 @@
+"""POST /tokenize and /detokenize, with vLLM's request and response shapes, through `preprocessing` and
+`postprocessing`: the ids are exactly those a generation of the same prompt starts from."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import APIError, json_body
+from .openai_api import INT32_MAX, ChatMessage, ToolObject, check_size
+from .settings import ShimSettings
+from .triton_client import TokenizeRequest, TritonRequestError, TritonUnavailable
+
+
+class TokenizeBody(BaseModel):
+    """A `prompt`, or chat `messages` rendered with the model's chat template, as vLLM takes them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    tools: list[ToolObject] | None = None
+    add_special_tokens: bool | None = None  # default: true for a prompt; a chat template adds its own
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    tokens: list[Annotated[int, Field(ge=0, le=INT32_MAX)]]
+
+
+def build_router(settings: ShimSettings) -> APIRouter:
+    router = APIRouter()
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name != settings.served_model_name:
+            raise APIError(
+                404, f"model {name!r} does not exist; this server has {settings.served_model_name!r}", "model"
+            )
+
+    async def run(call) -> Any:
+        try:
+            return await call
+        except TritonRequestError as e:
+            raise APIError(400, str(e), _param(str(e))) from e
+        except TritonUnavailable as e:
+            raise APIError(503, str(e)) from e
+
+    @router.post("/tokenize")
+    async def tokenize(request: Request, body: Annotated[TokenizeBody, Depends(json_body(TokenizeBody))]) -> dict:
+        check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "give either prompt or messages", "prompt")
+        if body.messages is not None:
+            messages = [m.rendered(i) for i, m in enumerate(body.messages)]
+            check_size(sum(len(m["content"]) for m in messages), "messages")
+            if body.add_special_tokens:
+                raise APIError(400, "add_special_tokens: the chat template adds the model's own", "add_special_tokens")
+            tokenize_request = TokenizeRequest(
+                messages=messages,
+                tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
+                add_generation_prompt=body.add_generation_prompt,
+            )
+        else:
+            check_size(len(body.prompt), "prompt")
+            tokenize_request = TokenizeRequest(
+                text=body.prompt, add_special_tokens=body.add_special_tokens is not False
+            )
+        tokenize_request.token_strs = body.return_token_strs
+        tokenized = await run(request.app.state.triton.tokenize(tokenize_request))
+        return {
+            "count": len(tokenized.ids),
+            "max_model_len": tokenized.context_len,
+            "tokens": tokenized.ids,
+            "token_strs": tokenized.token_strs,
+        }
+
+    @router.post("/detokenize")
+    async def detokenize(request: Request, body: Annotated[DetokenizeBody, Depends(json_body(DetokenizeBody))]) -> dict:
+        check_model(body.model)
+        return {"prompt": await run(request.app.state.triton.detokenize(body.tokens))}
+
+    return router
+
+
+def _param(message: str) -> str | None:
+    """The request field a preprocessing or postprocessing error is about."""
+    for tensor, field in (
+        ("chat_messages", "messages"),
+        ("chat_tools", "tools"),
+        ("text_input", "prompt"),
+        ("output_ids", "tokens"),
+    ):
+        if re.search(rf"\b{tensor}\b", message):
+            return field
+    return None
