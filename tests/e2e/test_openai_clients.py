@@ -207,9 +207,10 @@ def test_the_shim_exports_its_own_metrics(openai_client, shim_url):
 
 
 @pytest.mark.parametrize("limit", [{"max_tokens": 2047}, {"max_completion_tokens": 10**9}])
-def test_max_tokens_beyond_the_context_is_a_400_giving_the_numbers(openai_client, limit):
+@pytest.mark.parametrize("stream", [False, True])  # a stream's status waits for its first token
+def test_max_tokens_beyond_the_context_is_a_400_giving_the_numbers(openai_client, limit, stream):
     with pytest.raises(openai.BadRequestError) as info:
-        openai_client.chat.completions.create(model=MODEL, messages=HELLO, **limit)
+        openai_client.chat.completions.create(model=MODEL, messages=HELLO, stream=stream, **limit)
     assert info.value.body["param"] == "max_tokens"
     assert "the context holds 2048 tokens" in info.value.body["message"]
 

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import APIError, json_body
-from .generation import STOP_STRING, Piece, generate, until_disconnected
+from .generation import STOP_STRING, Piece, generate, primed, until_disconnected
 from .settings import ShimSettings
 from .triton_client import GenerationRequest
 
@@ -90,7 +90,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
     async def generate_stream(request: Request, model: str, body: GenerateBody) -> StreamingResponse:
         gen = prepare(model, body)
         events = Events(model, body, gen, settings.full_text_enabled)
-        pieces = generate(request.app.state.triton, gen, [])
+        pieces = await until_disconnected(request, primed(generate(request.app.state.triton, gen, [])))
         return StreamingResponse(events.stream(pieces), media_type="text/event-stream")
 
     @router.post("/v2/models/{model}/generate")

@@ -86,6 +86,27 @@ def _param_named_in(message: str) -> str | None:
     return None
 
 
+async def primed(items: AsyncIterator[T]) -> AsyncIterator[T]:
+    """`items` with its first item awaited already: an error that comes before anything was generated (input
+    the model refuses) is raised here, while the HTTP status can still say so, not inside a 200 stream."""
+    try:
+        first = [await anext(items)]
+    except StopAsyncIteration:
+        first = []
+    except BaseException:
+        await items.aclose()
+        raise
+
+    async def rest() -> AsyncIterator[T]:
+        async with aclosing(items):
+            for item in first:
+                yield item
+            async for item in items:
+                yield item
+
+    return rest()
+
+
 async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
     """Runs `work` but cancels it when the HTTP client goes away, so its generation stops too."""
     task = asyncio.ensure_future(work)

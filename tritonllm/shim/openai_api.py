@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..tokenizer.tool_calls import FORMATS, ToolCallFormat, ToolCallParser
 from .errors import APIError, json_body
-from .generation import STOP_STRING, Piece, generate, until_disconnected
+from .generation import STOP_STRING, Piece, generate, primed, until_disconnected
 from .settings import ShimSettings
 from .triton_client import GenerationRequest, TokenLogprob
 
@@ -131,10 +131,11 @@ class ChatMessage(BaseModel):
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
 
-    def rendered(self, index: int) -> dict:
-        field = f"messages.{index}.content"
+    def rendered(self, index: int, where: str = "messages") -> dict:
+        """The message as the chat template takes it; errors name it as `where`.index."""
+        field = f"{where}.{index}.content"
         if self.role == "tool" and not self.tool_call_id:
-            raise APIError(400, f"messages.{index}.tool_call_id is required for tool messages", field)
+            raise APIError(400, f"{where}.{index}.tool_call_id is required for tool messages", field)
         content = self.content
         if isinstance(content, list):
             kinds = {part.get("type") for part in content}
@@ -149,7 +150,7 @@ class ChatMessage(BaseModel):
             for call in self.tool_calls:
                 function = call.get("function") or {}
                 if not isinstance(function.get("name"), str) or not isinstance(function.get("arguments"), str):
-                    raise APIError(400, f"messages.{index}.tool_calls: each needs function.name and arguments")
+                    raise APIError(400, f"{where}.{index}.tool_calls: each needs function.name and arguments")
             # The template renders arguments as an object; OpenAI sends them as a JSON string.
             out["tool_calls"] = [
                 {**c, "function": {**c["function"], "arguments": _json_or_text(c["function"]["arguments"])}}
@@ -421,7 +422,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
         include = bool(body.include_stop_str_in_output)
         per = gens[0].num_samples
         if body.stream and not render.whole_only:
-            pieces = _pieces(client, gens, body.stop or [], include, per)
+            pieces = await until_disconnected(request, primed(_pieces(client, gens, body.stop or [], include, per)))
             return StreamingResponse(render.stream(pieces), media_type="text/event-stream")
 
         async def collect() -> list[Choice]:
@@ -454,20 +455,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat(request: Request, body: ChatBody) -> Any:
         check_model(body.model)
-        body.check()
-        messages = [m.rendered(i) for i, m in enumerate(body.messages)]
-        check_size(sum(len(m["content"]) for m in messages), "messages")
-        if body.top_logprobs and not body.logprobs:
-            raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
-        gen = body.generation_request(
-            settings.default_max_tokens,
-            messages=messages,
-            tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
-            guide=body.guide(FORMATS[settings.tool_call_parser]),
-            logprobs=bool(body.logprobs) or None,
-            top_logprobs=body.top_logprobs if body.logprobs else None,
-        )
-        return await run(request, body, [gen], ChatRender(body, settings))
+        return await run(request, body, [chat_generation(body, settings)], ChatRender(body, settings))
 
     @router.post("/v1/completions")
     async def completions(request: Request, body: CompletionBody) -> Any:
@@ -498,6 +486,23 @@ def build_router(settings: ShimSettings) -> APIRouter:
         return await run(request, body, gens, CompletionRender(body, settings))
 
     return router
+
+
+def chat_generation(body: ChatRequest, settings: ShimSettings, where: str = "messages") -> GenerationRequest:
+    """The ensemble request of a chat: its messages rendered, its tools and its guide; errors name `where`."""
+    body.check()
+    messages = [m.rendered(i, where) for i, m in enumerate(body.messages)]
+    check_size(sum(len(m["content"]) for m in messages), where)
+    if body.top_logprobs and not body.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+    return body.generation_request(
+        settings.default_max_tokens,
+        messages=messages,
+        tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
+        guide=body.guide(FORMATS[settings.tool_call_parser]),
+        logprobs=bool(body.logprobs) or None,
+        top_logprobs=body.top_logprobs if body.logprobs else None,
+    )
 
 
 def check_size(chars: int, field_name: str) -> None:

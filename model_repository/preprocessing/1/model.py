@@ -183,13 +183,6 @@ class TritonPythonModel:
             ids = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens and not raw)
         if not ids:
             raise ValueError("text_input is empty after tokenization")
-        if output_tokens is not None and len(ids) + output_tokens > self.context:
-            if not _bool(request, "truncate_prompt", False) or output_tokens >= self.context:
-                raise ValueError(
-                    f"max_tokens is too large: {output_tokens}; the context holds {self.context} tokens and the "
-                    f"prompt has {len(ids)} ({output_tokens} > {self.context} - {len(ids)})"
-                )
-            ids = ids[len(ids) + output_tokens - self.context :]
         if len(ids) > self.max_prompt_tokens:
             if not _bool(request, "truncate_prompt", False):
                 limits = ", ".join(f"{name} = {value}" for name, value in self.limits.items() if value < 1 << 30)
@@ -197,4 +190,11 @@ class TritonPythonModel:
                     f"text_input has {len(ids)} tokens; at most {self.max_prompt_tokens} are allowed ({limits})"
                 )
             ids = ids[len(ids) - self.max_prompt_tokens :]  # keep the end, which the generation continues
+        if output_tokens is not None and len(ids) + output_tokens > self.context:
+            if not _bool(request, "truncate_prompt", False) or output_tokens >= self.context:
+                raise ValueError(
+                    f"max_tokens is too large: {output_tokens}; the context holds {self.context} tokens and the "
+                    f"prompt has {len(ids)} ({output_tokens} > {self.context} - {len(ids)})"
+                )
+            ids = ids[len(ids) + output_tokens - self.context :]
         return ids
