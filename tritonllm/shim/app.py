@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import embeddings_api, generate_api, metrics, openai_api, openapi, tokenize_api
+from . import embeddings_api, generate_api, metrics, openai_api, openapi, responses_api, tokenize_api
 from .errors import APIError, api_error_handler, http_error_handler, validation_error_handler
 from .settings import ShimSettings
 from .triton_client import TritonLLMClient
@@ -44,6 +44,7 @@ def create_app(settings: ShimSettings) -> FastAPI:
     app.include_router(openai_api.build_router(settings))
     app.include_router(embeddings_api.build_router(settings))
     app.include_router(generate_api.build_router(settings))
+    app.include_router(responses_api.build_router(settings))
     app.include_router(tokenize_api.build_router(settings))
     openapi.document_bodies(app)
 

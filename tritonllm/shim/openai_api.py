@@ -142,7 +142,7 @@ class ChatMessage(BaseModel):
             if kinds - {"text"}:
                 raise APIError(400, f"{field}: this model takes text only, not {sorted(kinds - {'text'})}", field)
             content = "".join(str(part.get("text", "")) for part in content)
-        if not content and not (self.role == "assistant" and self.tool_calls):
+        if not content and not (self.role == "assistant" and self.tool_calls) and self.role != "tool":
             raise APIError(400, f"{field} must not be empty", field)
         # OpenAI's SDKs send instructions as "developer" for newer models; chat templates know them as "system".
         out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
