@@ -547,3 +547,46 @@ def test_exclude_input_in_output_as_genai_perf_sends_it(stream, tokenizer, hf_mo
     s.send("ensemble", [*ensemble_inputs(PROMPTS[3], 8), tensor("exclude_input_in_output", [[False]], "BOOL")])
     with pytest.raises(InferenceServerException, match="exclude_input_in_output"):
         s.next()
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_ensemble_takes_tensorrtllm_backends_logits_and_renamed_inputs(stream, tokenizer, hf_model, streaming):
+    """context_logits, generation_logits and cum_log_probs through the ensemble when asked for (TensorRT-LLM's
+    names), and seed / min_tokens, the newer names of random_seed / min_length."""
+    ids = tokenizer.encode(PROMPTS[0])
+    ref = hf_model.generate(
+        torch.tensor([ids]),
+        do_sample=False,
+        max_new_tokens=6,
+        min_new_tokens=6,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=0,
+    )
+    expected = ref.sequences[0, len(ids) :].tolist()
+    context = hf_model(torch.tensor([ids])).logits[0]
+    extra = [
+        tensor("return_context_logits", [[True]], "BOOL"),
+        tensor("return_generation_logits", [[True]], "BOOL"),
+        tensor("return_log_probs", [[True]], "BOOL"),
+        tensor("min_tokens", [[6]], "INT32"),
+        tensor("seed", [[7]], "UINT64"),
+    ]
+    s = stream()
+    s.send("ensemble", [*ensemble_inputs(PROMPTS[0], 6, streaming), *extra])
+    results = s.until_final()
+    assert [t for r in results for t in r.as_numpy("output_ids").reshape(-1).tolist()] == expected
+    np.testing.assert_allclose(results[0].as_numpy("context_logits")[0], context.detach().numpy(), atol=1e-4)
+    generation = np.concatenate([r.as_numpy("generation_logits")[0, 0] for r in results])
+    np.testing.assert_allclose(generation, torch.cat(ref.logits).numpy(), atol=1e-4)
+    logprobs = torch.log_softmax(torch.cat(ref.logits), -1)[torch.arange(6), torch.tensor(expected)]
+    assert np.isclose(results[-1].as_numpy("cum_log_probs").item(), logprobs.sum().item(), atol=1e-3)
+    s.send("ensemble", ensemble_inputs(PROMPTS[0], 6, streaming))  # asked for nothing: none of them comes
+    plain = s.until_final()
+    assert all(r.as_numpy("context_logits") is None and r.as_numpy("cum_log_probs") is None for r in plain)
+    s.send(
+        "ensemble",
+        [*ensemble_inputs(PROMPTS[0], 6), tensor("seed", [[1]], "UINT64"), tensor("random_seed", [[1]], "UINT64")],
+    )
+    with pytest.raises(InferenceServerException, match="seed or random_seed"):
+        s.next()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -170,6 +171,14 @@ def _check(name: str, value, ok: bool, rule: str) -> None:
         raise ValueError(f"{name} must be {rule}, got {value}")
 
 
+def _either(get: TensorLookup, name: str, new_name: str) -> tuple[str, Any]:
+    """An input that TensorRT-LLM renamed (random_seed -> seed, min_length -> min_tokens): either name, not both."""
+    old, new = scalar(get, name), scalar(get, new_name)
+    if old is not None and new is not None:
+        raise ValueError(f"give {new_name} or {name}, not both")
+    return (name, old) if new is None else (new_name, new)
+
+
 def _params(get: TensorLookup, vocab_size: int) -> SamplingParams:
     max_tokens = scalar(get, "request_output_len")
     if max_tokens is None:
@@ -185,9 +194,9 @@ def _params(get: TensorLookup, vocab_size: int) -> SamplingParams:
         _check("runtime_top_k", top_k, top_k >= 0, ">= 0")
     if top_p is not None:
         _check("runtime_top_p", top_p, 0 < top_p <= 1, "in (0, 1]")
-    seed = scalar(get, "random_seed")
+    seed_name, seed = _either(get, "random_seed", "seed")
     if seed is not None:
-        _check("random_seed", seed, 0 <= seed <= UINT64_MAX, "a uint64")
+        _check(seed_name, seed, 0 <= seed <= UINT64_MAX, "a uint64")
     end_id = scalar(get, "end_id", NO_END_ID)
     _check("end_id", end_id, end_id == NO_END_ID or 0 <= end_id < vocab_size, f"-1 or a token id below {vocab_size}")
     pad_id = scalar(get, "pad_id")
@@ -200,8 +209,9 @@ def _params(get: TensorLookup, vocab_size: int) -> SamplingParams:
     frequency_penalty = float(scalar(get, "frequency_penalty", 0.0))
     for name, value in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
         _check(name, value, np.isfinite(value), "finite")
-    min_length = int(scalar(get, "min_length", 0))
-    _check("min_length", min_length, min_length >= 0, ">= 0")
+    min_name, min_length = _either(get, "min_length", "min_tokens")
+    min_length = int(min_length or 0)
+    _check(min_name, min_length, min_length >= 0, ">= 0")
     ngram = int(scalar(get, "no_repeat_ngram_size", 0))
     _check("no_repeat_ngram_size", ngram, ngram >= 0, ">= 0")
     top_log_probs = int(scalar(get, "num_top_log_probs", 0))

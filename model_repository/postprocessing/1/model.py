@@ -25,6 +25,9 @@ FROM_STATUS = (
     "stop_token",
 )
 
+# Sent by the llm only when asked for, and handed on as they are.
+PASSED_ON = ("cum_log_probs", "context_logits", "generation_logits")
+
 
 def _strings(texts) -> np.ndarray:
     return np.array([t.encode() for t in texts], dtype=np.object_)
@@ -80,6 +83,7 @@ class TritonPythonModel:
         outputs.extend(pb_utils.Tensor(name, status[name]) for name in FROM_STATUS)
         prompt = self._prompt_log_probs(inputs["prompt_log_probs"][0])
         outputs.append(pb_utils.Tensor("prompt_log_probs_json", _strings([prompt])[None]))
+        outputs.extend(pb_utils.Tensor(name, inputs[name]) for name in PASSED_ON if name in inputs)
         return pb_utils.InferenceResponse(output_tensors=outputs)
 
     def _prompt_log_probs(self, rows: np.ndarray) -> str:
