@@ -64,3 +64,9 @@ def test_detokenize_inverts_tokenize(shim_url, tokenizer):
 def test_bad_requests_name_the_field(shim_url, path, body, status, param):
     r = post(shim_url, path, body)
     assert r.status_code == status and r.json()["error"]["param"] == param
+
+
+def test_tokenizer_info_tells_what_a_remote_tokenizer_needs(shim_url, tokenizer):
+    info = httpx.get(f"{shim_url}/tokenizer_info", timeout=30).json()
+    assert info["eos_token"] == tokenizer.eos_token and info["chat_template"] == tokenizer.chat_template
+    assert info["model_max_length"] == 2048 and info["vocab_size"] == len(tokenizer)

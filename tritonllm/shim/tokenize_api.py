@@ -1,5 +1,6 @@
-"""POST /tokenize and /detokenize, with vLLM's request and response shapes, through `preprocessing` and
-`postprocessing`: the ids are exactly those a generation of the same prompt starts from."""
+"""POST /tokenize and /detokenize, GET /tokenizer_info, with vLLM's shapes, through `preprocessing` and
+`postprocessing`: the ids are exactly those a generation of the same prompt starts from. With these three,
+lm-eval's remote tokenizer needs no local copy of the model's tokenizer."""
 
 from __future__ import annotations
 
@@ -81,6 +82,10 @@ def build_router(settings: ShimSettings) -> APIRouter:
             "tokens": tokenized.ids,
             "token_strs": tokenized.token_strs,
         }
+
+    @router.get("/tokenizer_info")
+    async def tokenizer_info(request: Request) -> dict:
+        return await run(request.app.state.triton.tokenizer_info())
 
     @router.post("/detokenize")
     async def detokenize(request: Request, body: Annotated[DetokenizeBody, Depends(json_body(DetokenizeBody))]) -> dict:

@@ -329,6 +329,12 @@ class TritonLLMClient:
         result = await self._infer(POSTPROCESSING, _whole_response(ids), ["text_output"])
         return result.as_numpy("text_output").reshape(-1)[0].decode("utf-8")
 
+    async def tokenizer_info(self) -> dict:
+        """The tokenizer's special tokens, chat template and context, from `preprocessing`."""
+        # Triton takes no request without an input; preprocessing reads none when asked for this alone
+        result = await self._infer(PREPROCESSING, [_infer_input("text_input", "BYTES", _bytes(""))], ["tokenizer_info"])
+        return json.loads(result.as_numpy("tokenizer_info").reshape(-1)[0])
+
     async def _infer(self, model: str, inputs: list, outputs: list[str] | None = None):
         """One request, one response; shielded, so that a caller going away does not cancel the call."""
         wanted = [grpcclient.InferRequestedOutput(name) for name in outputs] if outputs else None

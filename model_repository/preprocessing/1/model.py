@@ -15,6 +15,7 @@ from tritonllm.runtime.model_config import (
     load_tokenizer,
     strings,
 )
+from tritonllm.tokenizer.info import tokenizer_info
 from tritonllm.tokenizer.tool_calls import renders_tools, resolve_format, with_tools_in_prompt
 from tritonllm.tokenizer.word_lists import encode_word_list
 
@@ -82,6 +83,9 @@ class TritonPythonModel:
         return [self._one(request) for request in requests]
 
     def _one(self, request):
+        if set(request.requested_output_names()) == {"tokenizer_info"}:  # asked for alone: the inputs are not read
+            info = tokenizer_info(self.tokenizer, self.context)
+            return pb_utils.InferenceResponse([pb_utils.Tensor("tokenizer_info", _strings_array([info]))])
         try:
             if not _bool(request, "exclude_input_in_output", True):
                 raise ValueError("exclude_input_in_output: false is not supported; text_output never repeats the input")
