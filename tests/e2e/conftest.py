@@ -6,15 +6,18 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import uvicorn
+from conftest import MODELS, launch_triton
 
 from tritonllm.runtime.tritonserver import free_port
 from tritonllm.shim.app import create_app
 from tritonllm.shim.settings import ShimSettings
 
 MODEL = "tiny"
+SMOLLM2 = "SmolLM2-135M-Instruct"  # the real default model
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"  # the shim's default name for it
 
 
@@ -50,3 +53,23 @@ def openai_client(shim_url):
     from openai import OpenAI
 
     return OpenAI(base_url=f"{shim_url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    path = MODELS / SMOLLM2
+    if not (path / "config.json").exists():
+        pytest.fail(f"{path} is missing: `make model` converts it (make test does)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_url(smollm2_dir, tmp_path_factory):
+    """The shim in front of a tritonserver serving the real default model; its tool calls in the json format."""
+    server = launch_triton(smollm2_dir, tmp_path_factory.mktemp("triton-smollm2"))
+    try:
+        settings = ShimSettings(triton_grpc_url=server.grpc_url, served_model_name=SMOLLM2, tool_call_parser="json")
+        with running_shim(settings) as url:
+            yield url
+    finally:
+        server.stop()

@@ -7,19 +7,14 @@ so tool calls take the `json` format with the tools in the system prompt.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import jsonschema
 import pytest
 import torch
-from conftest import MODELS, launch_triton
 
-from tritonllm.shim.settings import ShimSettings
-
-from .conftest import running_shim
+from .conftest import SMOLLM2 as NAME
 from .test_openai import WEATHER, streamed_calls
 
-NAME = "SmolLM2-135M-Instruct"
 QUESTIONS = [
     "What is the capital of France?",
     "What is 2 + 2?",
@@ -30,32 +25,18 @@ QUESTIONS = [
 
 
 @pytest.fixture(scope="module")
-def model_dir() -> Path:
-    path = MODELS / NAME
-    if not (path / "config.json").exists():
-        pytest.fail(f"{path} is missing: `make model` converts it (make test does)")
-    return path
-
-
-@pytest.fixture(scope="module")
-def client(model_dir, tmp_path_factory):
+def client(smollm2_url):
     from openai import OpenAI
 
-    server = launch_triton(model_dir, tmp_path_factory.mktemp("triton-smollm2"))
-    try:
-        settings = ShimSettings(triton_grpc_url=server.grpc_url, served_model_name=NAME, tool_call_parser="json")
-        with running_shim(settings) as url:
-            yield OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-    finally:
-        server.stop()
+    return OpenAI(base_url=f"{smollm2_url}/v1", api_key="unused", max_retries=0)
 
 
 @pytest.fixture(scope="module")
-def reference(model_dir):
+def reference(smollm2_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir).eval()
 
     def answer(question: str, max_new_tokens: int) -> str:
         ids = tokenizer.apply_chat_template(
