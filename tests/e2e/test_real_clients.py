@@ -17,7 +17,7 @@ from conftest import PROJECT_ROOT
 
 from .conftest import MODEL, SMOLLM2
 
-CLIENTS = Path(os.environ.get("TRITONLLM_CLIENTS_VENV", PROJECT_ROOT / ".venv-clients")) / "bin"
+CLIENTS = PROJECT_ROOT / os.environ.get("TRITONLLM_CLIENTS_VENV", ".venv-clients") / "bin"  # relative: to the project
 TASKS = PROJECT_ROOT / "tests" / "clients" / "lm_eval_tasks"
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
