@@ -146,6 +146,8 @@ def test_logprobs_when_included(openai_client):
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input.0.content"),
         ({"input": [{"role": "user", "content": ""}]}, "input.0.content"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input.0.type"),
+        ({"input": [{"type": "function_call_output", "output": "5"}]}, "input.0.call_id"),
+        ({"input": [{"type": "function_call", "name": "add", "arguments": "{}"}]}, "input.0"),
         ({"max_output_tokens": 5000}, "max_output_tokens"),
         ({"max_output_tokens": 5000, "stream": True}, "max_output_tokens"),
         ({"temperature": 3}, "temperature"),

@@ -116,7 +116,7 @@ class ResponsesRequest(BaseModel):
             if kind == "message":
                 if item.get("role") not in ROLES:
                     raise APIError(400, f"input.{index}.role must be one of {list(ROLES)}", f"input.{index}.role")
-                content = _text(item.get("content"), f"input.{index}")
+                content = _text(item.get("content"), f"input.{index}.content")
                 if not content:
                     raise APIError(400, f"input.{index}.content must not be empty", f"input.{index}.content")
                 messages.append({"role": item["role"], "content": content})
@@ -128,6 +128,8 @@ class ResponsesRequest(BaseModel):
                 else:
                     messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
             elif kind == "function_call_output":
+                if not isinstance(item.get("call_id"), str):
+                    raise APIError(400, f"input.{index}.call_id is required", f"input.{index}.call_id")
                 output = _text(item.get("output"), f"input.{index}.output")
                 messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": output})
             elif kind != "reasoning":  # this model writes no reasoning; a client may send back another's
@@ -143,21 +145,22 @@ class ResponsesRequest(BaseModel):
         return {"type": "json_schema", "json_schema": {"name": fmt.name, "schema": fmt.schema_, "strict": fmt.strict}}
 
 
-def _text(content: Any, where: str) -> str:
-    """A message's content: a string, or text parts (images and files need a model that sees them)."""
+def _text(content: Any, field: str) -> str:
+    """A message's content or a function's output: a string, or text parts (images and files need a model that
+    sees them)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list) or not all(isinstance(part, dict) for part in content):
-        raise APIError(400, f"{where}.content must be a string or a list of parts", f"{where}.content")
+        raise APIError(400, f"{field} must be a string or a list of parts", field)
     others = sorted({str(part.get("type")) for part in content} - set(TEXT_PARTS))
     if others:
-        raise APIError(400, f"{where}.content: this model takes text parts only, not {others}", f"{where}.content")
+        raise APIError(400, f"{field}: this model takes text parts only, not {others}", field)
     return "".join(str(part.get("text", "")) for part in content)
 
 
 def _function(item: dict, index: int) -> dict:
-    if not isinstance(item.get("name"), str) or not isinstance(item.get("arguments"), str):
-        raise APIError(400, f"input.{index}: a function_call needs name and arguments", f"input.{index}")
+    if not all(isinstance(item.get(key), str) for key in ("call_id", "name", "arguments")):
+        raise APIError(400, f"input.{index}: a function_call needs call_id, name and arguments", f"input.{index}")
     return {"name": item["name"], "arguments": item["arguments"]}
 
 
