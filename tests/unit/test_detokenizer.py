@@ -56,3 +56,18 @@ def test_leading_space_of_the_first_token_is_kept(tokenizer):
     prompt = tokenizer.encode("Hello")
     output = tokenizer.encode(" world")
     assert text_increment(tokenizer, prompt, output, final=True) == " world"
+
+
+def test_bytes_no_later_byte_can_mend_go_out_at_once(tokenizer):
+    """A model writing lone continuation bytes still streams: only the last replacement character waits."""
+    byte = tokenizer.convert_tokens_to_ids("\u0122")  # byte-level BPE's name for the byte 0x80
+    assert tokenizer.decode([byte] * 3) == "\ufffd" * 3
+    prompt = tokenizer.encode("Hi")
+    output = [byte] * 12
+    tokens = prompt + output
+    pieces = [
+        text_increment(tokenizer, tokens[max(0, i - CONTEXT_TOKENS) : i], [tokens[i]], final=i == len(tokens) - 1)
+        for i in range(len(prompt), len(tokens))
+    ]
+    assert all(pieces[1:]), pieces  # from the second byte on, every piece brings text
+    assert "".join(pieces) == text_increment(tokenizer, prompt, output, final=True)
