@@ -16,6 +16,7 @@ from .sampler import Sampled, sample_one
 from .scheduler import ScheduledChunk, Scheduler
 from .sequence import FinishReason, Sequence
 from .stats import EngineStats
+from .step_cost import StepCost
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     enable_prefix_caching: bool = True
     enable_lora: bool = False
+    # while streams decode, a step carrying prefill takes at most this times a decode-only step (0: no limit)
+    prefill_slowdown: float = 2.0
 
 
 @dataclass
@@ -47,7 +50,8 @@ class LLMEngine:
         self.config = config
         self.blocks = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
         self.runner = ModelRunner(Path(config.model_dir), self.blocks, config.dtype, config.device, config.enable_lora)
-        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
+        self.step_cost = StepCost(slowdown=config.prefill_slowdown)
+        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens, self.step_cost)
         self.stats = EngineStats()
 
     @property
@@ -95,11 +99,19 @@ class LLMEngine:
         return self.stats.last_batch_size
 
     def step(self) -> list[StepOutput]:
+        started = time.perf_counter()
         chunks, ended = self.scheduler.schedule()
         outputs = [StepOutput(seq, [], self.last_batch_size) for seq in self._end_searches(ended)]
         if not chunks:
             return outputs
         self._count_step(chunks)
+        outputs += self._run(chunks)
+        self.step_cost.observe(sum(c.num_fed for c in chunks), time.perf_counter() - started)
+        return outputs
+
+    def _run(self, chunks: list[ScheduledChunk]) -> list[StepOutput]:
+        """The forward pass of the step's chunks, then each sampling chunk's next token (or beam step)."""
+        outputs: list[StepOutput] = []
         sampling = [c for c in chunks if c.samples]
         logits, context_logits = self.runner.forward(chunks)
         for index, rows in context_logits.items():

@@ -6,7 +6,9 @@ recomputes its prompt and outputs later (mostly from the prefix cache); a sequen
 a chunk reaches its end.
 
 Order is by rank: priority (1 highest .. 5 lowest), then arrival. Running sequences are served before new ones,
-so decodes are never starved by a long prompt, whose prefill is spread over steps by the token budget. When
+so decodes are never starved by a long prompt, whose prefill is spread over steps by the token budget. While
+streams decode, a step's prefill is further capped by what the step's measured cost allows (step_cost.py), so
+an arriving prompt never stalls them for long. When
 blocks run out, the worst-ranked running sequence is preempted; a waiting sequence may preempt running ones
 only of strictly lower priority.
 """
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
 from .sequence import FinishReason, Sequence, SequenceStatus
+from .step_cost import StepCost
 
 
 @dataclass
@@ -43,10 +46,17 @@ class ScheduledChunk:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        step_cost: StepCost | None = None,
+    ) -> None:
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.step_cost = step_cost
         self.waiting: list[Sequence] = []  # sorted by rank
         self.running: list[Sequence] = []  # sorted by rank at every step
         self.num_preemptions = 0
@@ -88,6 +98,9 @@ class Scheduler:
         ended = self._expire()
         self._preempt_for_priority()
         budget = self.max_num_batched_tokens
+        decodes = sum(1 for s in self.running if _decoding(s))
+        allowance = self.step_cost.prefill_allowance(decodes) if self.step_cost is not None else None
+        prefill_budget = budget if allowance is None else allowance
         chunks: list[ScheduledChunk] = []
         # In rank order, so that a sequence making room preempts only sequences not yet given a chunk.
         self.running.sort(key=lambda s: s.rank)
@@ -96,7 +109,8 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted while making room for a better-ranked sequence
-            chunk = self._plan(seq, seq.num_computed, budget)
+            decoding = _decoding(seq)
+            chunk = self._plan(seq, seq.num_computed, budget if decoding else min(budget, prefill_budget))
             if chunk is None:
                 continue
             if not self._make_room(seq, seq.num_computed + chunk.num_fed):
@@ -108,11 +122,14 @@ class Scheduler:
             self.blocks.grow(seq, seq.num_computed + chunk.num_fed)
             chunks.append(chunk)
             budget -= chunk.num_fed
+            if not decoding:
+                prefill_budget -= chunk.num_tokens
 
         for seq in [s for s in self.waiting if s.ready]:
-            if budget == 0:
+            room = min(budget, prefill_budget)
+            if room <= 0:
                 break
-            prefix, start, chunk = self._first_chunk(seq, budget)
+            prefix, start, chunk = self._first_chunk(seq, room)
             if chunk is None:
                 continue
             if not self._fits(prefix, start + chunk.num_fed):
@@ -127,6 +144,7 @@ class Scheduler:
             self.running.append(seq)
             chunks.append(chunk)
             budget -= chunk.num_fed
+            prefill_budget -= chunk.num_tokens
         return chunks, ended
 
     def _expire(self) -> list[Sequence]:
@@ -198,3 +216,8 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.add(seq)
         self.num_preemptions += 1
+
+
+def _decoding(seq: Sequence) -> bool:
+    """Whether the sequence's next chunk is one token after its last sampled one (drafts may ride along)."""
+    return seq.status is SequenceStatus.RUNNING and seq.num_computed == len(seq.token_ids) - 1

@@ -25,6 +25,9 @@ class ModelParameters:
     def int(self, name: str, default: int) -> int:
         return int(self.get(name, str(default)))
 
+    def float(self, name: str, default: float) -> float:
+        return float(self.get(name, str(default)))
+
     def bool(self, name: str, default: bool) -> bool:
         return self.get(name, str(default)).strip().lower() in ("1", "true", "yes", "on")
 

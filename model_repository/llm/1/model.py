@@ -47,6 +47,7 @@ class TritonPythonModel:
             max_num_batched_tokens=params.int("max_num_batched_tokens", 512),
             enable_prefix_caching=params.bool("enable_prefix_caching", True),
             enable_lora=lora_cache_size > 0,
+            prefill_slowdown=params.float("prefill_slowdown", 2.0),
         )
         self.engine = load_on_own_thread(lambda: LLMEngine(config))
         self.grammars = GrammarCompiler(load_tokenizer(params.model_dir()))
