@@ -6,7 +6,7 @@ CLI := $(VENV)/bin/tritonllm
 MODELS ?= models
 PYTEST_ARGS ?=
 
-.PHONY: install clients system-deps model serve test test-slow bench lint perf-analyzer clean
+.PHONY: install clients system-deps model serve test test-slow bench bench-peers lint perf-analyzer clean
 
 install: $(VENV)/.installed
 
@@ -71,6 +71,13 @@ test-slow: install clients $(MODELS)/tiny/config.json
 bench: install model
 	$(PIP) install -q -e '.[test,bench]'
 	$(PY) bench/run.py
+
+# This project against llama.cpp's server on SmolLM2, side by side (bench/peers.py). llama-server is built once
+# from the sources the llama-cpp-python sdist vendors, cached in ~/.cache/tritonllm-peers.
+bench-peers: install $(MODELS)/$(DEFAULT_MODEL)/config.json
+	command -v cmake >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++)
+	$(PIP) install -q -e '.[test,bench]'
+	$(PY) bench/peers.py
 
 lint: install
 	$(VENV)/bin/ruff check tritonllm model_repository tests client bench

@@ -65,7 +65,7 @@ DEMO_MODELS = {
     "small": DemoSpec("small", 512, 2048, 8, 8, 8, tie_word_embeddings=False),
 }
 
-_ENGLISH = (
+ENGLISH_WORDS = (
     "the a of to and in is it you that he was for on are with as his they be at one have this from or had by "
     "hot word but what some we can out other were all there when up use your how said an each she which do "
     "their time if will way about many then them write would like so these her long make thing see him two "
@@ -93,7 +93,7 @@ def synthetic_corpus(seed: int = 0, lines: int = 6000) -> list[str]:
         for _ in range(rng.randint(4, 16)):
             kind = rng.random()
             if kind < 0.6:
-                word = rng.choice(_ENGLISH)
+                word = rng.choice(ENGLISH_WORDS)
                 parts.append(word.capitalize() if rng.random() < 0.1 else word)
             elif kind < 0.85:
                 parts.append("".join(rng.choice(_CJK) for _ in range(rng.randint(1, 6))))
