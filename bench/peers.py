@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import textwrap
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -321,7 +322,7 @@ def plot(results: dict[str, list[Result]], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2 * len(results), figsize=(6 * 2 * len(results), 4), squeeze=False)
     for i, (workload, rs) in enumerate(results.items()):
-        labels = [r.case.split(" (")[0].replace("this project, ", "") for r in rs]
+        labels = [textwrap.fill(r.case.replace("this project, ", ""), 22) for r in rs]
         tput, lat = axes[0][2 * i], axes[0][2 * i + 1]
         tput.bar(labels, [r.tokens_per_s for r in rs], color="#4477aa")
         tput.set_title(f"{workload}: output tokens/s")
