@@ -73,11 +73,13 @@ bench: install model
 	$(PY) bench/run.py
 
 # This project against llama.cpp's server on SmolLM2, side by side (bench/peers.py). llama-server is built once
-# from the sources the llama-cpp-python sdist vendors, cached in ~/.cache/tritonllm-peers.
+# from the sources the llama-cpp-python sdist vendors, cached in ~/.cache/tritonllm-peers. The variant is a
+# second server of ours without the prefill cap, so the cap's price stays measured.
+PEERS_ARGS ?= --variant prefill_slowdown=0
 bench-peers: install $(MODELS)/$(DEFAULT_MODEL)/config.json
 	command -v cmake >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++)
 	$(PIP) install -q -e '.[test,bench]'
-	$(PY) bench/peers.py
+	$(PY) bench/peers.py $(PEERS_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check tritonllm model_repository tests client bench
