@@ -412,10 +412,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
     def check_model(name: str) -> None:
         if name == settings.embedding_model_name:
             raise APIError(400, f"model {name!r} only embeds; use /v1/embeddings", "model")
-        if name != settings.served_model_name:
-            raise APIError(
-                404, f"model {name!r} does not exist; this server has {settings.served_model_name!r}", "model"
-            )
+        check_served_model(settings, name)
 
     async def run(request: Request, body: SamplingFields, gens: list[GenerationRequest], render: _Render) -> Any:
         client = request.app.state.triton
@@ -486,6 +483,12 @@ def build_router(settings: ShimSettings) -> APIRouter:
         return await run(request, body, gens, CompletionRender(body, settings))
 
     return router
+
+
+def check_served_model(settings: ShimSettings, name: str) -> None:
+    """A 404 naming the served model unless `name` is it."""
+    if name != settings.served_model_name:
+        raise APIError(404, f"model {name!r} does not exist; this server has {settings.served_model_name!r}", "model")
 
 
 def chat_generation(body: ChatRequest, settings: ShimSettings, where: str = "messages") -> GenerationRequest:

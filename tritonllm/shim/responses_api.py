@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..tokenizer.tool_calls import FORMATS, ToolCallParser
 from .errors import APIError, json_body
 from .generation import Piece, generate, primed, until_disconnected
-from .openai_api import INT32_MAX, ChatRequest, chat_generation
+from .openai_api import INT32_MAX, ChatRequest, chat_generation, check_served_model
 from .settings import ShimSettings
 from .triton_client import TokenLogprob
 
@@ -188,10 +188,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
 
     @router.post("/v1/responses")
     async def responses(request: Request, body: ResponsesBody) -> Any:
-        if body.model != settings.served_model_name:
-            raise APIError(
-                404, f"model {body.model!r} does not exist; this server has {settings.served_model_name!r}", "model"
-            )
+        check_served_model(settings, body.model)
         body.check()
         chat = body.chat_request()
         gen = chat_generation(chat, settings, where="input")

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import APIError, json_body
-from .openai_api import INT32_MAX, ChatMessage, ToolObject, check_size
+from .openai_api import INT32_MAX, ChatMessage, ToolObject, check_served_model, check_size
 from .settings import ShimSettings
 from .triton_client import TokenizeRequest, TritonRequestError, TritonUnavailable
 
@@ -41,10 +41,8 @@ def build_router(settings: ShimSettings) -> APIRouter:
     router = APIRouter()
 
     def check_model(name: str | None) -> None:
-        if name is not None and name != settings.served_model_name:
-            raise APIError(
-                404, f"model {name!r} does not exist; this server has {settings.served_model_name!r}", "model"
-            )
+        if name is not None:  # optional here, as in vLLM
+            check_served_model(settings, name)
 
     async def run(call) -> Any:
         try:
