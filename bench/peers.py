@@ -32,7 +32,18 @@ from dataclasses import asdict
 from pathlib import Path
 
 import httpx
-from run import RESULTS, ROOT, EnsembleStreams, Result, Workload, from_timestamps, machine, measured, median_run
+from run import (
+    RESULTS,
+    ROOT,
+    EnsembleStreams,
+    Result,
+    Workload,
+    from_timestamps,
+    machine,
+    measured,
+    median_run,
+    table,
+)
 
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct"
 CACHE = Path(os.environ.get("TRITONLLM_PEERS_CACHE", Path.home() / ".cache" / "tritonllm-peers"))
@@ -297,16 +308,7 @@ def write_report(results: dict[str, list[Result]]) -> None:
         "",
     ]
     for workload, rs in results.items():
-        lines += [
-            f"## {workload}",
-            "",
-            "| server | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | CPU steal % | note |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for r in rs:
-            cells = [r.ttft_p50_ms, r.ttft_p99_ms, r.itl_p50_ms, r.itl_p99_ms, r.steal_pct]
-            shown = " | ".join("-" if v is None else f"{v:.1f}" for v in cells)
-            lines.append(f"| {r.case} | {r.tokens_per_s:.1f} | {shown} | {r.note} |")
+        lines += [f"## {workload}", "", *table(rs, "server")]
         peer = rs[0].tokens_per_s
         lines += ["", "Ratios to llama.cpp: " + ", ".join(f"{r.case}: {r.tokens_per_s / peer:.2f}" for r in rs[1:]), ""]
     (RESULTS / "peers.md").write_text("\n".join(lines))

@@ -407,16 +407,7 @@ def write_report(all_results: dict[str, list[Result]], w: Workload, name: str) -
     ]
     for model, results in all_results.items():
         by_case = {r.case.split(":")[0]: r for r in results}
-        lines += [
-            f"## {model}",
-            "",
-            "| case | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | CPU steal % | note |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for r in results:
-            cells = [r.ttft_p50_ms, r.ttft_p99_ms, r.itl_p50_ms, r.itl_p99_ms, r.steal_pct]
-            shown = " | ".join("-" if v is None else f"{v:.1f}" for v in cells)
-            lines.append(f"| {r.case} | {r.tokens_per_s:.1f} | {shown} | {r.note} |")
+        lines += [f"## {model}", "", *table(results, "case")]
         ratios = [
             f"{x}/{y} = {by_case[x].tokens_per_s / by_case[y].tokens_per_s:.2f}"
             for x, y in (("e", "b"), ("e", "c"), ("e2", "b"), ("e2", "c"), ("d", "c"), ("e", "a"))
@@ -426,6 +417,19 @@ def write_report(all_results: dict[str, list[Result]], w: Workload, name: str) -
     (RESULTS / f"{name}.md").write_text("\n".join(lines))
     plot(all_results, RESULTS / f"{name}.png")
     return RESULTS / f"{name}.md"
+
+
+def table(results: list[Result], first: str) -> list[str]:
+    """The markdown table of results, one row each; `first` heads the column that names them."""
+    lines = [
+        f"| {first} | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | CPU steal % | note |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        cells = [r.ttft_p50_ms, r.ttft_p99_ms, r.itl_p50_ms, r.itl_p99_ms, r.steal_pct]
+        shown = " | ".join("-" if v is None else f"{v:.1f}" for v in cells)
+        lines.append(f"| {r.case} | {r.tokens_per_s:.1f} | {shown} | {r.note} |")
+    return lines
 
 
 def plot(all_results: dict[str, list[Result]], path: Path) -> None:
