@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -10,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import uvicorn
-from conftest import MODELS, launch_triton
+from conftest import MODELS, PROJECT_ROOT, launch_triton
 
 from tritonllm.runtime.tritonserver import free_port
 from tritonllm.shim.app import create_app
@@ -63,13 +65,44 @@ def smollm2_dir() -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def smollm2_url(smollm2_dir, tmp_path_factory):
-    """The shim in front of a tritonserver serving the real default model; its tool calls in the json format."""
-    server = launch_triton(smollm2_dir, tmp_path_factory.mktemp("triton-smollm2"))
+@contextlib.contextmanager
+def triton_and_shim(model_dir: Path, log_dir: Path, name: str, tool_call_parser: str) -> Iterator[str]:
+    """A tritonserver of its own serving `model_dir` as `name`, and the shim in front of it; yields its URL."""
+    server = launch_triton(model_dir, log_dir)
     try:
-        settings = ShimSettings(triton_grpc_url=server.grpc_url, served_model_name=SMOLLM2, tool_call_parser="json")
+        settings = ShimSettings(
+            triton_grpc_url=server.grpc_url, served_model_name=name, tool_call_parser=tool_call_parser
+        )
         with running_shim(settings) as url:
             yield url
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def smollm2_url(smollm2_dir, tmp_path_factory):
+    """The shim in front of a tritonserver serving the real default model; its tool calls in the json format."""
+    with triton_and_shim(smollm2_dir, tmp_path_factory.mktemp("triton-smollm2"), SMOLLM2, "json") as url:
+        yield url
+
+
+CLIENTS = PROJECT_ROOT / os.environ.get("TRITONLLM_CLIENTS_VENV", ".venv-clients") / "bin"  # relative: to the project
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def run_tool(
+    tool: str, args: list[str], cwd: Path, timeout: float, path_prefix: Path | None = None, offline: bool = True
+) -> None:
+    """Runs a client tool from its venv (make clients) and asserts it succeeded. `offline` False: aiperf 0.13 in HF
+    offline mode looks a local tokenizer directory up in the hub's cache and fails; there is no network anyway."""
+    exe = CLIENTS / tool
+    if not exe.exists():
+        pytest.fail(f"{exe} is missing: `make clients` installs the client tools (make test does)")
+    env = {**os.environ, **OFFLINE}
+    if not offline:
+        for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+            env.pop(name, None)
+    if path_prefix is not None:
+        env["PATH"] = f"{path_prefix}{os.pathsep}{env['PATH']}"
+    done = subprocess.run([str(exe), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{tool} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"

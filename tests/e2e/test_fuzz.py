@@ -9,12 +9,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import launch_triton
 
-from tritonllm.shim.settings import ShimSettings
-
-from .conftest import MODEL, running_shim
-from .test_real_clients import run_tool
+from .conftest import MODEL, run_tool, triton_and_shim
 
 CONTEXT = 96
 
@@ -28,13 +24,8 @@ def short_context_shim(tiny_model_dir, tmp_path_factory):
     config = json.loads((tiny_model_dir / "config.json").read_text())
     (model / "config.json").unlink()
     (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": CONTEXT}))
-    server = launch_triton(model, tmp_path_factory.mktemp("triton-fuzz"))
-    try:
-        settings = ShimSettings(triton_grpc_url=server.grpc_url, served_model_name=MODEL, tool_call_parser="hermes")
-        with running_shim(settings) as url:
-            yield url
-    finally:
-        server.stop()
+    with triton_and_shim(model, tmp_path_factory.mktemp("triton-fuzz"), MODEL, "hermes") as url:
+        yield url
 
 
 @pytest.mark.slow

@@ -7,37 +7,15 @@ They live in their own venv (`make clients`; tests/clients/requirements.txt), as
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import PROJECT_ROOT
 
-from .conftest import MODEL, SMOLLM2
+from .conftest import MODEL, SMOLLM2, run_tool
 
-CLIENTS = PROJECT_ROOT / os.environ.get("TRITONLLM_CLIENTS_VENV", ".venv-clients") / "bin"  # relative: to the project
 TASKS = PROJECT_ROOT / "tests" / "clients" / "lm_eval_tasks"
-OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-
-
-def run_tool(
-    tool: str, args: list[str], cwd: Path, timeout: float, path_prefix: Path | None = None, offline: bool = True
-) -> None:
-    """`offline` False: aiperf 0.13 in HF offline mode looks a local tokenizer directory up in the hub's cache and
-    fails; there is no network here either way."""
-    exe = CLIENTS / tool
-    if not exe.exists():
-        pytest.fail(f"{exe} is missing: `make clients` installs the client tools (make test does)")
-    env = {**os.environ, **OFFLINE}
-    if not offline:
-        for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-            env.pop(name, None)
-    if path_prefix is not None:
-        env["PATH"] = f"{path_prefix}{os.pathsep}{env['PATH']}"
-    done = subprocess.run([str(exe), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, f"{tool} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
 
 def lm_eval(out: Path, model: str, model_args: str, task: str, *extra: str) -> dict[int, list]:
