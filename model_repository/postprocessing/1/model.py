@@ -37,7 +37,6 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         params = ModelParameters(args)
         self.tokenizer = load_tokenizer(params.model_dir())
-        self.vocab_size = len(self.tokenizer)  # len() of a tokenizer is slow: once
 
     def execute(self, requests: list) -> list:
         return [self._one(request) for request in requests]
@@ -58,9 +57,10 @@ class TritonPythonModel:
         ]
         ids = beams[0][: lengths[0]].tolist()
         if "check_ids" in inputs and inputs["check_ids"].any():
-            outside = [t for t in ids if not 0 <= t < self.vocab_size]
+            vocab = len(self.tokenizer)
+            outside = [t for t in ids if not 0 <= t < vocab]
             if outside:
-                message = f"output_ids holds token ids outside [0, {self.vocab_size}): {outside[:5]}"
+                message = f"output_ids holds token ids outside [0, {vocab}): {outside[:5]}"
                 return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
         log_probs = inputs["output_log_probs"][0, 0][: len(ids)]
         top_ids = inputs["top_log_prob_ids"][0, 0][: len(ids)]
