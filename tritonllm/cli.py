@@ -69,7 +69,7 @@ def serve(args: argparse.Namespace) -> int:
             _progress(f"no HF model directory (config.json) or .gguf file at {given}{hint}")
             return 2
     if gguf.is_gguf(given):
-        _progress(f"dequantizing {given.name} into an HF directory (once, then cached)")
+        _progress(f"{given.name}: dequantized once into a cached HF directory; Q8_0 and Q4 weights stay quantized")
     model_dir = gguf.hf_model_dir(given)
     tool_format = resolve_format(args.tool_call_parser, load_tokenizer(model_dir)).name
     _progress(f"tool calls in the {tool_format} format")

@@ -13,7 +13,7 @@ import transformers
 from architectures import ARCHITECTURES, WINDOW, build_architecture
 from oracles import greedy_ids
 
-from tritonllm.engine import paged_attention
+from tritonllm.engine import cpu_kernels, paged_attention
 from tritonllm.engine.engine import EngineConfig, LLMEngine
 from tritonllm.engine.model_check import UnsupportedModelError
 from tritonllm.engine.sampling_params import SamplingParams
@@ -58,8 +58,7 @@ def engine_outputs(model_dir, prompt_list: list[list[int]]) -> list[list[int]]:
 @pytest.mark.parametrize("family", list(ARCHITECTURES))
 def test_greedy_equals_generate(architectures_dir, family, native, monkeypatch):
     if not native:
-        monkeypatch.setattr(paged_attention, "decode_attention", None)
-        monkeypatch.setattr("tritonllm.engine.model_runner.decode_attention", None)
+        monkeypatch.setattr(cpu_kernels, "native", lambda: None)
     model_dir = architectures_dir / family
     hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
     prompt_list = prompts()

@@ -7,9 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tritonllm.engine.cpu_kernels import decode_attention
+from tritonllm.engine import cpu_kernels
 
-pytestmark = pytest.mark.skipif(decode_attention is None, reason="the native kernel could not be built here")
+pytestmark = pytest.mark.skipif(cpu_kernels.native() is None, reason="the native kernels could not be built here")
+
+
+def decode_attention(*args):
+    return cpu_kernels.native().paged_decode_attention(*args)
 
 
 def gathered_reference(q, k_cache, v_cache, tables, lens, scale, window=0, softcap=0.0):

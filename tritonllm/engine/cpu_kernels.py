@@ -1,14 +1,17 @@
-"""The engine's one native kernel: decode attention read in place from the paged cache (see kernels/).
+"""The engine's native CPU kernels (see kernels/): decode attention read in place from the paged cache, and
+linear layers over GGUF's block-quantized weights.
 
-Built with the machine's C++ compiler on first use and cached under `.cache/torch_extensions` (or
-$TORCH_EXTENSIONS_DIR). Where it cannot be built, `decode_attention()` is None and the engine uses the
-pure-PyTorch path, which gives the same results more slowly.
+Built with the machine's C++ compiler on first use (`native()`, when a model first needs them, not at import)
+and cached under `.cache/torch_extensions` (or $TORCH_EXTENSIONS_DIR). Where they cannot be built, `native()` is
+None: attention takes the pure-PyTorch path, which gives the same results more slowly, and quantized weights are
+dequantized at load.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import logging
 import os
 from collections.abc import Iterator
@@ -16,13 +19,16 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).parent / "kernels" / "paged_decode_attention.cpp"
+SOURCES = [Path(__file__).parent / "kernels" / name for name in ("paged_decode_attention.cpp", "quantized_linear.cpp")]
+SOURCES.append(Path(__file__).parent / "kernels" / "module.cpp")
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "torch_extensions"
 DISABLE_ENV = "TRITONLLM_NO_NATIVE_KERNELS"
-NAME = "tritonllm_paged_decode_attention"
+NAME = "tritonllm_cpu_kernels"
 
 
-def _build():
+@functools.cache
+def native():
+    """The built module (`paged_decode_attention`, `quantized_linear`, `dequantize`), or None."""
     if os.environ.get(DISABLE_ENV):
         return None
     try:
@@ -38,15 +44,15 @@ def _build():
             (build_dir / "lock").unlink(missing_ok=True)
             module = load(
                 name=NAME,
-                sources=[str(SOURCE)],
+                sources=[str(source) for source in SOURCES],
                 extra_cflags=["-O3", "-march=native", "-fopenmp"],
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(build_dir),
                 verbose=False,
             )
-        return module.paged_decode_attention
+        return module
     except Exception as e:  # no compiler, headers or ninja: the PyTorch path still works
-        log.warning("native decode attention unavailable (%s); using the PyTorch path", e)
+        log.warning("native CPU kernels unavailable (%s); using PyTorch paths", e)
         return None
 
 
@@ -68,6 +74,3 @@ def _path_first(directory: str) -> Iterator[None]:
         yield
     finally:
         os.environ["PATH"] = saved
-
-
-decode_attention = _build()

@@ -32,6 +32,8 @@ class EngineConfig:
     enable_lora: bool = False
     # while streams decode, a step carrying prefill takes at most this times a decode-only step (0: no limit)
     prefill_slowdown: float = 2.0
+    # the GGUF file model_dir was dequantized from: its Q8_0/Q4_0/Q4_1 weights stay quantized (CPU, float32)
+    gguf_file: str | None = None
 
 
 @dataclass
@@ -49,7 +51,14 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.blocks = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
-        self.runner = ModelRunner(Path(config.model_dir), self.blocks, config.dtype, config.device, config.enable_lora)
+        self.runner = ModelRunner(
+            Path(config.model_dir),
+            self.blocks,
+            config.dtype,
+            config.device,
+            config.enable_lora,
+            Path(config.gguf_file) if config.gguf_file else None,
+        )
         self.step_cost = StepCost(slowdown=config.prefill_slowdown)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens, self.step_cost)
         self.stats = EngineStats()

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import torch
 
-from . import lora, model_check, prepacked_linear
+from . import cpu_kernels, lora, model_check, prepacked_linear, quantized_linear
 from .block_manager import BlockManager
-from .cpu_kernels import decode_attention
 from .paged_attention import ATTN_IMPLEMENTATION, AttentionGroup, KVCache, LayerProbe, PaddedQueries, PagedBatch
 from .scheduler import ScheduledChunk
 
@@ -57,6 +56,7 @@ class ModelRunner:
         dtype: str = "float32",
         device: str = "auto",
         enable_lora: bool = False,
+        gguf_file: Path | None = None,
     ):
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -75,11 +75,16 @@ class ModelRunner:
                 f"cannot replace it ({type(e).__name__}: {e})"
             ) from e
         self.model.eval()
+        self.quantized_layers = 0
+        if gguf_file is not None and self.device.type == "cpu" and self.dtype == torch.float32 and cpu_kernels.native():
+            self.quantized_layers = quantized_linear.quantize_from_gguf(self.model, gguf_file)
         if prepacked_linear.available(self.device, self.dtype):
             prepacked_linear.prepack(self.model)
         self.lora = lora.install(self.model) if enable_lora else None
         self.shape = ModelShape.of(self.model.config)
-        self.native_decode = decode_attention is not None and self.device.type == "cpu" and self.dtype == torch.float32
+        self.native_decode = (
+            self.device.type == "cpu" and self.dtype == torch.float32 and cpu_kernels.native() is not None
+        )
         self.blocks = blocks
         self.cache = KVCache.allocate(
             self.shape.num_layers,

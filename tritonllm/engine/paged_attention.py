@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-from .cpu_kernels import decode_attention
+from . import cpu_kernels
 
 ATTN_IMPLEMENTATION = "tritonllm_paged"
 
@@ -143,7 +143,7 @@ def paged_attention(
     scale = scaling if scaling is not None else head_dim**-0.5
     for g in paged_batch.groups:
         if g.padded is None:
-            decoded = decode_attention(
+            decoded = cpu_kernels.native().paged_decode_attention(
                 q[g.out_index].contiguous(),
                 k_cache,
                 v_cache,

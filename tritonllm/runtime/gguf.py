@@ -4,7 +4,8 @@ transformers reads GGUF (`from_pretrained(dir, gguf_file=...)`, with the `gguf` 
 weights to float32; the result is saved as a plain HF directory (safetensors, tokenizer, chat template) that
 loads without gguf. A `.gguf` path given to `serve` or as the model directory is converted on first use into a
 cache keyed by the file's path, size and time, under a lock, so that the server's models, loading at once,
-convert it only once.
+convert it only once. The copy names its GGUF file (`SOURCE_FILE`), so that the engine can keep the file's
+quantized weights quantized (engine/quantized_linear.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "gguf"
 CACHE_ENV = "TRITONLLM_GGUF_CACHE"
+SOURCE_FILE = "gguf_source.txt"
 
 
 def is_gguf(path: Path) -> bool:
@@ -36,7 +38,15 @@ def hf_model_dir(path: Path) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (target / "config.json").exists():
             convert(path, target)
+        (target / SOURCE_FILE).write_text(str(path.resolve()))
     return target
+
+
+def source_file(model_dir: Path) -> Path | None:
+    """The GGUF file an HF directory was dequantized from by `hf_model_dir`, if it still exists."""
+    marker = model_dir / SOURCE_FILE
+    source = Path(marker.read_text()) if marker.exists() else None
+    return source if source is not None and source.is_file() else None
 
 
 def convert(gguf_file: Path, out_dir: Path) -> Path:

@@ -23,7 +23,7 @@ from tritonllm.engine.grammar import GrammarCompiler
 from tritonllm.engine.logits_processors import matched_word
 from tritonllm.engine.lora import AdapterCache
 from tritonllm.engine.sequence import FinishReason, samples_of
-from tritonllm.runtime import response_status
+from tritonllm.runtime import gguf, response_status
 from tritonllm.runtime.coalesce import PendingResponse, coalesce
 from tritonllm.runtime.model_config import ModelParameters, load_tokenizer
 from tritonllm.runtime.stream_interval import StreamInterval
@@ -37,8 +37,10 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         params = ModelParameters(args)
         lora_cache_size = params.int("lora_cache_size", 8)
+        model_dir = params.model_dir()
+        gguf_file = gguf.source_file(model_dir) if params.bool("quantized_weights", True) else None
         config = EngineConfig(
-            model_dir=str(params.model_dir()),
+            model_dir=str(model_dir),
             dtype=params.get("dtype", "float32"),
             device=params.get("device", "auto"),
             num_kv_blocks=params.int("num_kv_blocks", 1024),
@@ -48,9 +50,10 @@ class TritonPythonModel:
             enable_prefix_caching=params.bool("enable_prefix_caching", True),
             enable_lora=lora_cache_size > 0,
             prefill_slowdown=params.float("prefill_slowdown", 2.0),
+            gguf_file=str(gguf_file) if gguf_file else None,
         )
         self.engine = load_on_own_thread(lambda: LLMEngine(config))
-        self.grammars = GrammarCompiler(load_tokenizer(params.model_dir()))
+        self.grammars = GrammarCompiler(load_tokenizer(model_dir))
         self.hidden_size = self.engine.runner.model.config.hidden_size
         self.adapters = AdapterCache(lora_cache_size)
         self.stream_interval = params.int("stream_interval", 1)

@@ -141,9 +141,3 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   });
   return out;
 }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  // The GIL is released, as ATen's own ops do, so the server's response threads run while the kernel does.
-  m.def("paged_decode_attention", &paged_decode_attention, "Decode attention over a paged KV cache (CPU)",
-        py::call_guard<py::gil_scoped_release>());
-}

@@ -1,0 +1,92 @@
+"""GGUF weights kept quantized: the blocks read as gguf-py reads them, the native kernel against float32 matmuls
+over the same weights, and the real default model served from its Q4_1 file against transformers' generate()."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType, quants
+from oracles import greedy_ids
+
+from tritonllm.engine import cpu_kernels, quantized_linear
+from tritonllm.engine.engine import EngineConfig, LLMEngine
+from tritonllm.engine.quantized_linear import BlockQuantized, QuantizedLinear, from_gguf
+from tritonllm.engine.sampling_params import SamplingParams
+from tritonllm.engine.sequence import Sequence
+from tritonllm.runtime import gguf
+
+pytestmark = pytest.mark.skipif(cpu_kernels.native() is None, reason="the native kernels could not be built here")
+
+FORMATS = ["Q8_0", "Q4_0", "Q4_1"]
+
+
+def quantized(
+    kind: str, out_features: int = 96, in_features: int = 160, seed: int = 0
+) -> tuple[BlockQuantized, np.ndarray]:
+    """A random weight in GGUF's `kind`, as our blocks and as gguf-py dequantizes it."""
+    weight = np.random.default_rng(seed).standard_normal((out_features, in_features)).astype(np.float32)
+    raw = quants.quantize(weight, GGMLQuantizationType[kind])
+    return from_gguf(kind, raw), quants.dequantize(raw, GGMLQuantizationType[kind])
+
+
+@pytest.mark.parametrize("kind", FORMATS)
+def test_blocks_dequantize_exactly_as_gguf_py_does(kind):
+    blocks, reference = quantized(kind)
+    assert blocks.shape == reference.shape
+    assert torch.equal(blocks.dequantize(), torch.from_numpy(reference))
+    kernel = cpu_kernels.native().dequantize(blocks.qweight, blocks.scales, blocks.mins, blocks.bits)
+    torch.testing.assert_close(kernel, torch.from_numpy(reference), rtol=1e-6, atol=1e-6)
+
+
+def test_other_formats_are_not_taken():
+    assert from_gguf("Q6_K", np.zeros((4, 210), dtype=np.uint8)) is None
+
+
+@pytest.mark.parametrize("kind", FORMATS)
+@pytest.mark.parametrize("rows", [1, 3, 4, 8, 13, quantized_linear.GEMM_ROWS + 5])
+def test_the_layer_equals_a_float32_linear_over_the_dequantized_weight(kind, rows):
+    blocks, reference = quantized(kind)
+    bias = torch.randn(blocks.shape[0])
+    layer = QuantizedLinear(blocks, bias)
+    x = torch.randn(2, rows, blocks.shape[1])  # leading dimensions are kept
+    expected = F.linear(x, torch.from_numpy(reference), bias)
+    torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def smollm2_q4_1(smollm2_gguf):
+    return smollm2_gguf, gguf.hf_model_dir(smollm2_gguf)
+
+
+def test_the_q4_1_model_keeps_every_layer_quantized_and_decodes_as_generate(smollm2_q4_1):
+    import transformers
+
+    file, model_dir = smollm2_q4_1
+    assert gguf.source_file(model_dir) == file.resolve()
+    engine = LLMEngine(EngineConfig(str(model_dir), num_kv_blocks=64, gguf_file=str(file)))
+    linears = [m for m in engine.runner.model.modules() if isinstance(m, torch.nn.Linear)]
+    # 7 per layer in 30 layers (Q4_1) and the output layer, tied to the embedding (Q8_0)
+    assert engine.runner.quantized_layers == 211 and not linears
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    prompts = [tokenizer(text).input_ids for text in ("The capital of France is", "def fibonacci(n):", "1, 2, 3,")]
+    seqs = [Sequence(p, SamplingParams(max_tokens=16)) for p in prompts]
+    for seq in seqs:
+        engine.add(seq)
+    while engine.has_work():
+        engine.step()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    assert [s.output_ids for s in seqs] == [greedy_ids(hf, p, 16) for p in prompts]
+
+
+def test_a_layer_whose_blocks_differ_from_its_weight_stays_float32(smollm2_q4_1):
+    import transformers
+
+    file, model_dir = smollm2_q4_1
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        model.model.layers[3].mlp.up_proj.weight[0, 0] += 1.0
+    assert quantized_linear.quantize_from_gguf(model, file) == 210
+    assert type(model.model.layers[3].mlp.up_proj) is torch.nn.Linear
+    assert isinstance(model.model.layers[3].mlp.down_proj, QuantizedLinear)

@@ -1,0 +1,17 @@
+// The engine's native kernels as one Python module. The GIL is released while they run, as ATen's own ops do,
+// so the server's response threads go on meanwhile.
+#include <torch/extension.h>
+
+torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                                     torch::Tensor block_tables, torch::Tensor context_lens, double scale,
+                                     int64_t window, double softcap);
+torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
+                               int64_t bits);
+torch::Tensor dequantize(torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins, int64_t bits);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  const auto no_gil = py::call_guard<py::gil_scoped_release>();
+  m.def("paged_decode_attention", &paged_decode_attention, "Decode attention over a paged KV cache (CPU)", no_gil);
+  m.def("quantized_linear", &quantized_linear, "x @ W^T with W in 32-value blocks of 8 or 4 bits (CPU)", no_gil);
+  m.def("dequantize", &dequantize, "A block-quantized weight as float32 (CPU)", no_gil);
+}

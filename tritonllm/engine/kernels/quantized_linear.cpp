@@ -1,0 +1,222 @@
+// Linear layers whose weights stay in GGUF's block formats: each row of the weight is cut into blocks of 32
+// values along the input, and each block holds small integers with a float scale (and, for 4 bits, an offset):
+//   8 bits (Q8_0): w = scale * q, q an int8;        stored [N, K] int8
+//   4 bits (Q4_1): w = scale * q + min, q in 0..15; stored [N, K / 2] uint8, GGUF's nibble order (byte j of a
+//                  block holds value j in its low half and value j + 16 in its high half); Q4_0 is the case
+//                  min = -8 * scale
+// Scales and mins are float32 [N, K / 32]. A decode step streams every weight from memory once, so a quarter
+// (8 bits) or an eighth (4 bits) of float32's bytes is what makes it faster; each block is widened to float32
+// in registers (scale * q + min, as gguf-py dequantizes) and multiplied by up to 8 input rows before the next
+// block is read.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#endif
+
+#include <atomic>
+#include <cstdint>
+
+namespace {
+
+constexpr int64_t kBlock = 32;
+
+// The 32 values of block `b` of a weight row, widened and scaled, into out[0:32].
+inline void dequantize_block(const uint8_t* row, int64_t bits, int64_t b, float scale, float min, float* out) {
+  if (bits == 8) {
+    const int8_t* q = reinterpret_cast<const int8_t*>(row) + b * kBlock;
+    for (int64_t i = 0; i < kBlock; ++i) out[i] = scale * q[i];
+  } else {
+    const uint8_t* q = row + b * kBlock / 2;
+    for (int64_t i = 0; i < kBlock / 2; ++i) {
+      out[i] = scale * (q[i] & 0x0F) + min;
+      out[i + kBlock / 2] = scale * (q[i] >> 4) + min;
+    }
+  }
+}
+
+#if defined(__AVX512F__)
+
+// A block is two vectors of 16 floats: scale * q + min in one fused step (min is 0 for 8 bits).
+inline void load_block(const uint8_t* row, int64_t bits, int64_t b, float scale, float min, __m512 w[2]) {
+  const __m512 s = _mm512_set1_ps(scale), m = _mm512_set1_ps(min);
+  if (bits == 8) {
+    const __m128i* q = reinterpret_cast<const __m128i*>(row + b * kBlock);
+    w[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))), s, m);
+    w[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))), s, m);
+  } else {
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * kBlock / 2)));
+    w[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(0x0F))), s, m);
+    w[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4)), s, m);
+  }
+}
+
+// out[m, n] for ROWS input rows and one weight row: the block is widened once and used by every input row.
+// Under 4 rows, each row sums into 2 accumulators, one per half block, so that consecutive FMAs do not all
+// wait for each other's results; from 4 rows up the rows themselves are independent enough.
+template <int ROWS>
+void rows_times_weight_row(const float* x, int64_t x_stride, const uint8_t* row, const float* scales,
+                           const float* mins, int64_t bits, int64_t blocks, float* out, int64_t out_stride) {
+  constexpr int kSplit = ROWS >= 4 ? 1 : 2;
+  __m512 acc[ROWS][kSplit];
+  for (int r = 0; r < ROWS; ++r)
+    for (int j = 0; j < kSplit; ++j) acc[r][j] = _mm512_setzero_ps();
+  __m512 w[2];
+  for (int64_t b = 0; b < blocks; ++b) {
+    load_block(row, bits, b, scales[b], mins ? mins[b] : 0.f, w);
+    for (int r = 0; r < ROWS; ++r) {
+      const float* xb = x + r * x_stride + b * kBlock;
+      acc[r][0] = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(xb), acc[r][0]);
+      acc[r][1 % kSplit] = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(xb + 16), acc[r][1 % kSplit]);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    if (kSplit > 1) acc[r][0] = _mm512_add_ps(acc[r][0], acc[r][kSplit - 1]);
+    out[r * out_stride] = _mm512_reduce_add_ps(acc[r][0]);
+  }
+}
+
+#elif defined(__AVX2__) && defined(__FMA__)
+
+inline float sum_lanes(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Block b of a row as four vectors of 8 floats: scale * q + min in one fused step (min is 0 for 8 bits).
+inline void load_block(const uint8_t* row, int64_t bits, int64_t b, float scale, float min, __m256 w[4]) {
+  const __m256 s = _mm256_set1_ps(scale), m = _mm256_set1_ps(min);
+  if (bits == 8) {
+    const uint8_t* q = row + b * kBlock;
+    for (int i = 0; i < 4; ++i) {
+      const __m256i wide = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * i)));
+      w[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide), s, m);
+    }
+  } else {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * kBlock / 2));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m128i low = _mm_and_si128(packed, mask), high = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
+    w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(low)), s, m);
+    w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(low, 8))), s, m);
+    w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(high)), s, m);
+    w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(high, 8))), s, m);
+  }
+}
+
+// out[m, n] for ROWS input rows and one weight row: the block is widened once and used by every input row.
+// Under 4 rows, each row sums into 4 accumulators, one per quarter of a block, so that consecutive FMAs do not
+// wait for each other's results (4 cycles each); from 4 rows up the rows themselves are independent enough.
+template <int ROWS>
+void rows_times_weight_row(const float* x, int64_t x_stride, const uint8_t* row, const float* scales,
+                           const float* mins, int64_t bits, int64_t blocks, float* out, int64_t out_stride) {
+  constexpr int kSplit = ROWS >= 4 ? 1 : 4;
+  __m256 acc[ROWS][kSplit];
+  for (int r = 0; r < ROWS; ++r)
+    for (int j = 0; j < kSplit; ++j) acc[r][j] = _mm256_setzero_ps();
+  __m256 w[4];
+  for (int64_t b = 0; b < blocks; ++b) {
+    load_block(row, bits, b, scales[b], mins ? mins[b] : 0.f, w);
+    for (int r = 0; r < ROWS; ++r) {
+      const float* xb = x + r * x_stride + b * kBlock;
+      for (int i = 0; i < 4; ++i) acc[r][i % kSplit] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xb + 8 * i), acc[r][i % kSplit]);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    for (int j = 1; j < kSplit; ++j) acc[r][0] = _mm256_add_ps(acc[r][0], acc[r][j]);
+    out[r * out_stride] = sum_lanes(acc[r][0]);
+  }
+}
+
+#else
+
+template <int ROWS>
+void rows_times_weight_row(const float* x, int64_t x_stride, const uint8_t* row, const float* scales,
+                           const float* mins, int64_t bits, int64_t blocks, float* out, int64_t out_stride) {
+  float w[kBlock];
+  float acc[ROWS] = {};
+  for (int64_t b = 0; b < blocks; ++b) {
+    dequantize_block(row, bits, b, scales[b], mins ? mins[b] : 0.f, w);
+    for (int r = 0; r < ROWS; ++r)
+      for (int64_t i = 0; i < kBlock; ++i) acc[r] += w[i] * x[r * x_stride + b * kBlock + i];
+  }
+  for (int r = 0; r < ROWS; ++r) out[r * out_stride] = acc[r];
+}
+
+#endif
+
+void check(const torch::Tensor& qweight, const torch::Tensor& scales, const torch::Tensor& mins, int64_t bits,
+           int64_t in_features) {
+  TORCH_CHECK(bits == 8 || bits == 4, "bits must be 8 or 4");
+  TORCH_CHECK(in_features % kBlock == 0, "the input size must be a multiple of 32");
+  TORCH_CHECK(qweight.is_contiguous() && qweight.element_size() == 1, "qweight: contiguous bytes");
+  TORCH_CHECK(qweight.size(1) == in_features * bits / 8, "qweight does not match the input size");
+  TORCH_CHECK(scales.scalar_type() == torch::kFloat32 && scales.is_contiguous(), "scales: contiguous float32");
+  TORCH_CHECK(scales.size(0) == qweight.size(0) && scales.size(1) == in_features / kBlock, "scales: [N, K / 32]");
+  TORCH_CHECK(bits == 8 || (mins.sizes() == scales.sizes() && mins.scalar_type() == torch::kFloat32 &&
+                            mins.is_contiguous()),
+              "4 bits need mins shaped like scales");
+}
+
+}  // namespace
+
+// x: [M, K] float32, contiguous. Returns x @ W^T, [M, N].
+torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
+                               int64_t bits) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
+  const int64_t rows = x.size(0), in_features = x.size(1), out_features = qweight.size(0);
+  check(qweight, scales, mins, bits, in_features);
+  const int64_t blocks = in_features / kBlock, row_bytes = qweight.size(1);
+  auto out = torch::empty({rows, out_features}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const uint8_t* qp = static_cast<const uint8_t*>(qweight.data_ptr());
+  const float* sp = scales.data_ptr<float>();
+  const float* mp = bits == 4 ? mins.data_ptr<float>() : nullptr;
+  float* op = out.data_ptr<float>();
+
+  // Weight rows in chunks taken from a shared counter, so a thread the OS preempts does not hold up the rest.
+  constexpr int64_t kChunk = 16;
+  const int64_t chunks = (out_features + kChunk - 1) / kChunk;
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    for (int64_t c = next++; c < chunks; c = next++) {
+      for (int64_t n = c * kChunk; n < std::min(out_features, (c + 1) * kChunk); ++n) {
+        const uint8_t* row = qp + n * row_bytes;
+        const float* row_scales = sp + n * blocks;
+        const float* row_mins = mp ? mp + n * blocks : nullptr;
+        int64_t m = 0;
+        for (; m + 8 <= rows; m += 8)
+          rows_times_weight_row<8>(xp + m * in_features, in_features, row, row_scales, row_mins, bits, blocks,
+                                   op + m * out_features + n, out_features);
+        for (; m + 4 <= rows; m += 4)
+          rows_times_weight_row<4>(xp + m * in_features, in_features, row, row_scales, row_mins, bits, blocks,
+                                   op + m * out_features + n, out_features);
+        for (; m < rows; ++m)
+          rows_times_weight_row<1>(xp + m * in_features, in_features, row, row_scales, row_mins, bits, blocks,
+                                   op + m * out_features + n, out_features);
+      }
+    }
+  });
+  return out;
+}
+
+// The weight as float32 [N, K].
+torch::Tensor dequantize(torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins, int64_t bits) {
+  const int64_t out_features = qweight.size(0), in_features = qweight.size(1) * 8 / bits;
+  check(qweight, scales, mins, bits, in_features);
+  const int64_t blocks = in_features / kBlock, row_bytes = qweight.size(1);
+  auto out = torch::empty({out_features, in_features}, scales.options());
+  const uint8_t* qp = static_cast<const uint8_t*>(qweight.data_ptr());
+  const float* sp = scales.data_ptr<float>();
+  const float* mp = bits == 4 ? mins.data_ptr<float>() : nullptr;
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, out_features, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n)
+      for (int64_t b = 0; b < blocks; ++b)
+        dequantize_block(qp + n * row_bytes, bits, b, sp[n * blocks + b], mp ? mp[n * blocks + b] : 0.f,
+                         op + n * in_features + b * kBlock);
+  });
+  return out;
+}
