@@ -149,7 +149,7 @@ def send_stop(stream, request_id: str) -> None:
 
 
 # The cancelled requests do not stream: tritonserver 2.51 can crash when a gRPC cancellation meets a response
-# being completed (see README), so no response is in flight when these tests cancel.
+# being completed (see docs/tensors.md), so no response is in flight when these tests cancel.
 
 
 def test_cancelling_a_direct_llm_stream_frees_its_blocks(triton, stream):
