@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 from .embedding import EMBEDDING_MODEL_DIR_ENV
+from .engine.config import OVERRIDES_ENV, EngineConfig
 from .runtime.model_config import MODEL_DIR_ENV, TOOL_CALL_PARSER_ENV
 from .tokenizer.tool_calls import FORMATS, resolve_format
 
@@ -68,6 +70,11 @@ def serve(args: argparse.Namespace) -> int:
             hint = " (`make model` converts the default model)" if given.name == DEFAULT_MODEL else ""
             _progress(f"no HF model directory (config.json) or .gguf file at {given}{hint}")
             return 2
+    try:
+        overrides = engine_overrides(args)
+    except ValueError as e:
+        _progress(str(e))
+        return 2
     if gguf.is_gguf(given):
         _progress(f"{given.name}: dequantized once into a cached HF directory; Q8_0 and Q4 weights stay quantized")
     model_dir = gguf.hf_model_dir(given)
@@ -83,7 +90,7 @@ def serve(args: argparse.Namespace) -> int:
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
         host=args.host,
-        env={MODEL_DIR_ENV: str(model_dir), TOOL_CALL_PARSER_ENV: tool_format}
+        env={MODEL_DIR_ENV: str(model_dir), TOOL_CALL_PARSER_ENV: tool_format, OVERRIDES_ENV: json.dumps(overrides)}
         | (
             {EMBEDDING_MODEL_DIR_ENV: str(Path(args.embedding_model_dir).resolve())} if args.embedding_model_dir else {}
         ),
@@ -93,7 +100,7 @@ def serve(args: argparse.Namespace) -> int:
     # SIGTERM unwinds like Ctrl-C (uvicorn handles both while it runs, and re-raises them when done).
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        server.start()
+        server.start(progress=lambda text: _progress(f"{text} (a first start also builds the native CPU kernels)"))
         _progress(f"tritonserver ready in {time.monotonic() - started:.1f}s")
         settings = ShimSettings(
             triton_grpc_url=server.grpc_url,
@@ -169,7 +176,32 @@ def _add_access_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ssl-keyfile", help="the certificate's private key (PEM)")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _add_engine_options(p: argparse.ArgumentParser) -> None:
+    """One flag per engine setting (engine/config.py); a flag given overrides llm/config.pbtxt's parameter."""
+    group = p.add_argument_group("engine settings (default: model_repository/llm/config.pbtxt's parameters)")
+    for f in EngineConfig.settings():
+        flag, kind = "--" + f.name.replace("_", "-"), {"int": int, "float": float, "bool": bool, "str": str}[f.type]
+        text = f"{f.metadata['help']} (shipped: {f.default!r})"
+        if kind is bool:
+            group.add_argument(flag, dest=f"engine_{f.name}", action=argparse.BooleanOptionalAction, help=text)
+        else:
+            metavar = {int: "N", float: "X", str: "VALUE"}[kind]
+            group.add_argument(flag, dest=f"engine_{f.name}", type=kind, metavar=metavar, help=text)
+
+
+def engine_overrides(args: argparse.Namespace) -> dict[str, str]:
+    """The engine settings given as flags, as config.pbtxt would spell them; checked here, before the server starts."""
+    given = {f.name: getattr(args, f"engine_{f.name}") for f in EngineConfig.settings()}
+    overrides = {
+        name: str(value).lower() if isinstance(value, bool) else str(value)
+        for name, value in given.items()
+        if value is not None
+    }
+    EngineConfig.from_parameters("", overrides)
+    return overrides
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tritonllm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -198,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         help="how the model writes tool calls (default: detected from its chat template)",
     )
     _add_access_options(p)
+    _add_engine_options(p)
     p.set_defaults(func=serve)
 
     p = sub.add_parser("shim", help="run only the HTTP shim against a running tritonserver")
@@ -233,11 +266,14 @@ def main(argv: list[str] | None = None) -> int:
         help="perf_analyzer from the tritonclient 2.48.0 wheel; every later argument goes to it",
         add_help=False,
     )
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["perf-analyzer"]:
         return perf_analyzer(argv[1:])
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     return args.func(args)
 
 

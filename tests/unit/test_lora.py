@@ -15,7 +15,7 @@ from .test_logits_processors import generate_ids
 
 
 def test_requests_with_different_adapters_and_none_share_a_batch(tiny_model_dir, hf_model):
-    engine = make_engine(tiny_model_dir, enable_lora=True)
+    engine = make_engine(tiny_model_dir, lora_cache_size=8)
     cache = AdapterCache(capacity=2)
     model = engine.runner.model
     prompts = random_prompts(3, seed=41, max_len=20)
@@ -37,7 +37,7 @@ def test_requests_with_different_adapters_and_none_share_a_batch(tiny_model_dir,
 
 
 def test_the_cache_serves_task_ids_alone_and_evicts_the_oldest(tiny_model_dir, hf_model):
-    engine = make_engine(tiny_model_dir, enable_lora=True)
+    engine = make_engine(tiny_model_dir, lora_cache_size=8)
     model, cache = engine.runner.model, AdapterCache(capacity=2)
     for task in (1, 2, 3):
         w, c, _ = random_adapter(hf_model, task)
@@ -52,7 +52,7 @@ def test_the_cache_serves_task_ids_alone_and_evicts_the_oldest(tiny_model_dir, h
     [([[0, 0, 4]], "module id 0"), ([[1, 9, 4]], "layer 9"), ([[1, 0, 999]], "adapter size 999")],
 )
 def test_bad_adapters_are_refused_naming_lora_config(tiny_model_dir, config, needle):
-    engine = make_engine(tiny_model_dir, enable_lora=True)
+    engine = make_engine(tiny_model_dir, lora_cache_size=8)
     weights = np.zeros((1, 2048), dtype=np.float32)
     with pytest.raises(ValueError, match=needle):
         resolve(AdapterCache(2), 7, weights, np.array(config, dtype=np.int32), engine.runner.model)

@@ -10,30 +10,14 @@ import torch
 
 from .beam_search import BeamSearch
 from .block_manager import BlockManager
+from .config import DTYPE_BYTES, EngineConfig
 from .logits_processors import ends_with_any, ends_with_stop_word
-from .model_runner import ModelRunner
+from .model_runner import ModelRunner, ModelShape
 from .sampler import Sampled, sample_one
 from .scheduler import ScheduledChunk, Scheduler
 from .sequence import FinishReason, Sequence
 from .stats import EngineStats
 from .step_cost import StepCost
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    model_dir: str
-    dtype: str = "float32"
-    device: str = "auto"
-    num_kv_blocks: int = 1024
-    block_size: int = 16
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    enable_prefix_caching: bool = True
-    enable_lora: bool = False
-    # while streams decode, a step carrying prefill takes at most this times a decode-only step (0: no limit)
-    prefill_slowdown: float = 2.0
-    # the GGUF file model_dir was dequantized from: its Q8_0/Q4_0/Q4_1 weights stay quantized (CPU, float32)
-    gguf_file: str | None = None
 
 
 @dataclass
@@ -49,15 +33,20 @@ class StepOutput:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
+        from transformers import AutoConfig
+
         self.config = config
-        self.blocks = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
+        shape = ModelShape.of(AutoConfig.from_pretrained(config.model_dir))
+        per_block = 2 * shape.num_layers * config.block_size * shape.num_kv_heads * shape.head_dim
+        num_blocks = config.kv_blocks(per_block * DTYPE_BYTES[config.dtype])
+        self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.runner = ModelRunner(
             Path(config.model_dir),
             self.blocks,
             config.dtype,
             config.device,
             config.enable_lora,
-            Path(config.gguf_file) if config.gguf_file else None,
+            Path(config.gguf_file) if config.gguf_file and config.quantized_weights else None,
         )
         self.step_cost = StepCost(slowdown=config.prefill_slowdown)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens, self.step_cost)

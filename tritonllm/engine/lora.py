@@ -137,12 +137,15 @@ class LoraLinear(torch.nn.Module):
         return out
 
 
-def install(model: torch.nn.Module) -> LoraBatch:
-    """Wraps every module a LoRA id can name; returns the batch object the runner fills per step."""
-    batch = LoraBatch()
-    for index, layer in enumerate(model.model.layers):
+def install(model: torch.nn.Module) -> LoraBatch | None:
+    """Wraps every module a LoRA id can name; returns the batch object the runner fills per step, or None when
+    the model has none of them (an architecture that names its layers otherwise, such as GPT-2)."""
+    batch, wrapped = LoraBatch(), 0
+    for index, layer in enumerate(getattr(getattr(model, "model", None), "layers", [])):
         for name in MODULES.values():
             parent_name, _, child = name.rpartition(".")
-            parent = layer.get_submodule(parent_name)
-            setattr(parent, child, LoraLinear(getattr(parent, child), (index, name), batch))
-    return batch
+            parent = getattr(layer, parent_name, None)
+            if parent is not None and hasattr(parent, child):
+                setattr(parent, child, LoraLinear(getattr(parent, child), (index, name), batch))
+                wrapped += 1
+    return batch if wrapped else None

@@ -103,10 +103,6 @@ class Sequence:
         return len(self.token_ids) - self.num_prompt_tokens
 
     @property
-    def num_uncomputed(self) -> int:
-        return len(self.token_ids) - self.num_computed
-
-    @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 

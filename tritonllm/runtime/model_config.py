@@ -18,6 +18,10 @@ class ModelParameters:
         self.model_path = Path(args["model_repository"])  # this model's folder inside the repository
         self._values = {k: v.get("string_value", "") for k, v in self.config.get("parameters", {}).items()}
 
+    def values(self) -> dict[str, str]:
+        """The parameters that are set (a `${...}` placeholder, as in tensorrtllm_backend's templates, is unset)."""
+        return {k: v for k, v in self._values.items() if v and not v.startswith("${")}
+
     def get(self, name: str, default: str) -> str:
         value = self._values.get(name, "")
         return value if value and not value.startswith("${") else default

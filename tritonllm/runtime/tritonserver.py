@@ -8,20 +8,53 @@ paths resolve. The stub runs models in the interpreter found first on PATH, so t
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 
 class ServerError(RuntimeError):
     pass
+
+
+# tritonserver's log lines about each model's load (model_lifecycle.cc)
+_LOADING = re.compile(r"loading: (\w+):\d+")
+_LOADED = re.compile(r"successfully loaded '(\w+)'")
+_FAILED = re.compile(r"failed to load '(\w+)' version \d+: (.*)")
+
+
+class ModelLoads:
+    """Which models tritonserver is loading, has loaded, or failed to load (with its error), from its log."""
+
+    def __init__(self) -> None:
+        self.loading: list[str] = []
+        self.failed: dict[str, str] = {}
+
+    def note(self, line: str) -> None:
+        if match := _LOADING.search(line):
+            self.loading.append(match.group(1))
+        elif match := _LOADED.search(line):
+            self._done(match.group(1))
+        elif match := _FAILED.search(line):
+            self._done(match.group(1))
+            self.failed[match.group(1)] = match.group(2).strip()
+
+    def _done(self, name: str) -> None:
+        if name in self.loading:
+            self.loading.remove(name)
+
+    def failures(self) -> str:
+        return "".join(f"\n  {name}: {error}" for name, error in self.failed.items())
 
 
 def pytriton_root() -> Path:
@@ -97,6 +130,7 @@ class TritonServer:
     # The stubs seen once the server was ready (pid -> shared-memory region): a crashed server's stubs are no
     # longer its children, and live on.
     _stubs: dict[int, str | None] = field(default_factory=dict, init=False, repr=False)
+    _loads: ModelLoads = field(default_factory=ModelLoads, init=False, repr=False)
 
     @property
     def http_url(self) -> str:
@@ -127,31 +161,56 @@ class TritonServer:
             "--exit-timeout-secs=10",
         ]
 
-    def start(self, timeout: float = 180.0) -> None:
+    def start(self, timeout: float | None = None, progress: Callable[[str], None] | None = None) -> None:
+        """Starts the server and waits while its models load, however long that takes (`timeout`: at most so
+        many seconds); `progress` hears every half minute which models are still loading. A model that fails
+        raises ServerError with the model's own error."""
         busy = [p for p in (self.http_port, self.grpc_port, self.metrics_port) if not port_is_free(self.host, p)]
         if busy:
             raise ServerError(f"port(s) {busy} on {self.host} are in use; pick others (--http-port ...)")
-        out = open(self.log_file, "ab") if self.log_file else None  # noqa: SIM115 - owned by the process
         self.process = subprocess.Popen(
-            self.command(), env=server_env(self.env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            self.command(),
+            env=server_env(self.env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
-        self.wait_ready(timeout)
+        self._loads = ModelLoads()
+        threading.Thread(target=self._follow_log, args=(self.process.stdout,), daemon=True).start()
+        self.wait_ready(timeout, progress)
         self._stubs = {pid: _stub_shm_region(pid) for pid in _children(self.process.pid)}
 
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def _follow_log(self, stream) -> None:
+        """Copies the server's output to the log file (or this process's stdout) and notes the models' loads."""
+        sink = open(self.log_file, "ab") if self.log_file else sys.stdout.buffer  # noqa: SIM115 - lives as long
+        for line in stream:
+            sink.write(line)
+            sink.flush()
+            self._loads.note(line.decode(errors="replace"))
+        if self.log_file:
+            sink.close()
+
+    def wait_ready(self, timeout: float | None = None, progress: Callable[[str], None] | None = None) -> None:
+        started = time.monotonic()
+        told = started
+        while timeout is None or time.monotonic() - started < timeout:
             if self.process is not None and self.process.poll() is not None:
-                raise ServerError(f"tritonserver exited with code {self.process.returncode}{self._log_hint()}")
+                failures = self._loads.failures()
+                code = self.process.returncode
+                raise ServerError(f"tritonserver exited with code {code}{failures or self._log_hint()}")
             try:
                 with urllib.request.urlopen(f"{self.http_url}/v2/health/ready", timeout=2) as r:
                     if r.status == 200:
                         return
             except OSError:
                 pass
+            if progress is not None and time.monotonic() - told >= 30:
+                told = time.monotonic()
+                waiting = ", ".join(self._loads.loading) or "the server"
+                progress(f"still loading after {told - started:.0f}s: {waiting}")
             time.sleep(0.25)
         self.stop()
-        raise ServerError(f"tritonserver not ready after {timeout:.0f}s{self._log_hint()}")
+        raise ServerError(f"tritonserver not ready after {timeout:.0f}s{self._loads.failures() or self._log_hint()}")
 
     def exit_report(self, lines: int = 60) -> str | None:
         """If the server has exited, its exit code (negative: the signal) and the end of its log; else None."""

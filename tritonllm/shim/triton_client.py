@@ -270,7 +270,6 @@ def _infer_input(name: str, datatype: str, array: np.ndarray) -> grpcclient.Infe
 
 class TritonLLMClient:
     def __init__(self, url: str) -> None:
-        self.url = url
         self._client = grpcclient.InferenceServerClient(url)
         self._background: set[asyncio.Task] = set()
 

@@ -1,0 +1,143 @@
+"""The llm model's settings, each declared once here: its default, its check and its help.
+
+They are read from `parameters` in `model_repository/llm/config.pbtxt` (`from_parameters`), overridden by the
+flags of `tritonllm serve` (which builds its flags from these fields and hands them over in `OVERRIDES_ENV`),
+or set in code. A test holds config.pbtxt's values equal to the defaults here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+
+OVERRIDES_ENV = "TRITONLLM_ENGINE_SETTINGS"  # JSON {setting: value}, from `serve`'s flags
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}  # torch is imported by the engine, not by the CLI
+_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30}
+
+
+def setting(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_dir: str
+    dtype: str = setting("float32", "weights, activations and KV cache: float32, float16 or bfloat16")
+    device: str = setting("auto", "auto (CUDA when present, else CPU), cpu, cuda or cuda:N")
+    num_kv_blocks: int = setting(2048, "KV cache size in blocks, unless kv_cache_memory is set")
+    kv_cache_memory: str = setting(
+        "", "KV cache size as memory: bytes (e.g. 512MiB, 2GB) or a fraction of the memory free at load (e.g. 0.2)"
+    )
+    block_size: int = setting(16, "tokens per KV block")
+    max_num_seqs: int = setting(64, "sequences in one step at most")
+    max_num_batched_tokens: int = setting(512, "tokens in one step at most (longer prompts are chunked)")
+    enable_prefix_caching: bool = setting(True, "share the KV blocks of common prompt prefixes")
+    prefill_slowdown: float = setting(
+        2.0,
+        "while streams decode, a step that also takes in prompt tokens lasts at most this times a decode-only "
+        "step (0: no cap beyond max_num_batched_tokens)",
+    )
+    quantized_weights: bool = setting(
+        True, "a model served from a .gguf file keeps its Q8_0/Q4_0/Q4_1 weights quantized"
+    )
+    lora_cache_size: int = setting(8, "LoRA adapters kept by task id, least recently used out first (0: no LoRA)")
+    max_queue_size: int = setting(256, "requests waiting beyond this are refused at once as overloaded (0: no limit)")
+    stream_interval: int = setting(1, "a streaming request gets a response every N new tokens")
+    engine_nice: int = setting(
+        -10, "nice value of the engine thread and its workers (below 0 needs CAP_SYS_NICE; without it, ignored)"
+    )
+    gguf_file: str | None = None  # the .gguf file model_dir was dequantized from (runtime/gguf.py)
+
+    def __post_init__(self) -> None:
+        checks = {
+            "dtype": self.dtype in DTYPE_BYTES,
+            "device": re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None,
+            "num_kv_blocks": self.num_kv_blocks >= 1,
+            "block_size": self.block_size >= 1,
+            "max_num_seqs": self.max_num_seqs >= 1,
+            "max_num_batched_tokens": self.max_num_batched_tokens >= 1,
+            "prefill_slowdown": self.prefill_slowdown == 0 or self.prefill_slowdown >= 1,
+            "lora_cache_size": self.lora_cache_size >= 0,
+            "max_queue_size": self.max_queue_size >= 0,
+            "stream_interval": self.stream_interval >= 1,
+            "engine_nice": -20 <= self.engine_nice <= 19,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"{name}: {getattr(self, name)!r} is not allowed ({_help(name)})")
+        if self.kv_cache_memory:
+            _memory(self.kv_cache_memory)
+
+    @classmethod
+    def settings(cls) -> list:
+        """The fields a user sets (those with help), in declaration order."""
+        return [f for f in fields(cls) if "help" in f.metadata]
+
+    @classmethod
+    def from_parameters(cls, model_dir: str, values: Mapping[str, str], **extra) -> EngineConfig:
+        """From text values by setting name (config.pbtxt's parameters; unknown names are someone else's)."""
+        given = {f.name: str(values[f.name]) for f in cls.settings() if str(values.get(f.name, "")).strip()}
+        return cls(model_dir, **{f.name: _parse(f, given[f.name]) for f in cls.settings() if f.name in given}, **extra)
+
+    @property
+    def enable_lora(self) -> bool:
+        return self.lora_cache_size > 0
+
+    def kv_blocks(self, bytes_per_block: int) -> int:
+        """num_kv_blocks, or as many blocks as kv_cache_memory holds."""
+        if not self.kv_cache_memory:
+            return self.num_kv_blocks
+        size = _memory(self.kv_cache_memory)
+        if size <= 1:
+            size *= _free_memory(self.device)
+        blocks = int(size // bytes_per_block)
+        if blocks < 1:
+            raise ValueError(f"kv_cache_memory: {self.kv_cache_memory} holds no KV block of {bytes_per_block} bytes")
+        return blocks
+
+
+def environment_overrides() -> dict[str, str]:
+    """The settings `serve` was given as flags, which win over config.pbtxt's parameters."""
+    return json.loads(os.environ.get(OVERRIDES_ENV) or "{}")
+
+
+def _help(name: str) -> str:
+    return next(f.metadata["help"] for f in EngineConfig.settings() if f.name == name)
+
+
+def _parse(f, text: str):
+    kind = {"int": int, "float": float, "bool": bool, "str": str}[str(f.type)]
+    try:
+        if kind is bool:
+            return {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False}[
+                text.strip().lower()
+            ]
+        return kind(text.strip())
+    except (KeyError, ValueError):
+        raise ValueError(f"{f.name}: {text!r} is not a {kind.__name__} ({f.metadata['help']})") from None
+
+
+def _memory(text: str) -> float:
+    """Bytes, from '512MiB', '2GB', '1000000'; or a fraction in (0, 1] as itself."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmg]i?)?b?\s*", text.lower())
+    if match is None:
+        raise ValueError(f"kv_cache_memory: {text!r} is neither a size (e.g. 512MiB) nor a fraction (e.g. 0.2)")
+    number, unit = float(match.group(1)), match.group(2) or ""
+    if unit == "" and number <= 1:
+        if number <= 0:
+            raise ValueError("kv_cache_memory: a fraction must be above 0")
+        return number
+    return number * _UNITS[unit]
+
+
+def _free_memory(device: str) -> float:
+    import torch
+
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        return float(torch.cuda.mem_get_info(torch.device(device if device != "auto" else "cuda"))[0])
+    with open("/proc/meminfo") as meminfo:
+        kib = next(int(line.split()[1]) for line in meminfo if line.startswith("MemAvailable:"))
+    return kib * 1024.0

@@ -1,0 +1,241 @@
+"""The llm model's responses: built on the engine thread (Responder), sent from a thread of their own
+(ResponseQueue), so the engine never waits on Triton's IPC. Imported only inside Triton's Python backend."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+
+from tritonllm.engine import inference_request
+from tritonllm.engine.logits_processors import matched_word
+from tritonllm.engine.sequence import FinishReason
+from tritonllm.runtime import response_status
+from tritonllm.runtime.coalesce import PendingResponse, coalesce
+from tritonllm.runtime.stream_interval import StreamInterval
+from tritonllm.tokenizer.detokenizer import CONTEXT_TOKENS
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+log = logging.getLogger(__name__)
+
+
+class ResponseQueue:
+    """Builds and sends responses on a thread of its own, so the engine thread never waits on Triton's IPC.
+
+    One thread, first in first out: a request's responses keep their order and the FINAL one comes last. What
+    has queued up while a send was under way is merged per sequence first (tritonllm.runtime.coalesce).
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="llm-responses", daemon=True)
+        self._thread.start()
+
+    def put(self, sender, wanted: frozenset[str], arrays: dict[str, np.ndarray], final: bool, stream_key=None) -> None:
+        """`wanted`: the output names the request asked for (in the ensemble: the ones its steps map)."""
+        self._queue.put(PendingResponse(sender, arrays, final, wanted, stream_key))
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        closing = False
+        while not closing:
+            pending, closing = take_queued(self._queue)
+            for response in coalesce(pending):
+                try:
+                    arrays = response.arrays
+                    if response_status.NAME in response.wanted:
+                        arrays = {**arrays, response_status.NAME: response_status.pack(arrays)}
+                    tensors = [pb_utils.Tensor(name, a) for name, a in arrays.items() if name in response.wanted]
+                    response.sender.send(
+                        pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if response.final else 0
+                    )
+                except Exception:
+                    log.exception("could not send a response")
+
+
+def take_queued(items: queue.SimpleQueue) -> tuple[list, bool]:
+    """Waits for one item, then takes all that are queued; True when the None that ends the queue was among them."""
+    taken = [items.get()]
+    while not items.empty():
+        taken.append(items.get())
+    return [item for item in taken if item is not None], None in taken
+
+
+class SampleGroup:
+    """The samples of one request: Triton's FINAL flag goes on the response of the last one to finish."""
+
+    def __init__(self, size: int) -> None:
+        self.unfinished = size
+
+
+@dataclass(frozen=True)
+class Channel:
+    """Where the responses of one Triton request go: its sender, the outputs it wants (in the ensemble: the ones
+    its steps map), the queue that sends them, and who hears of each sample that finishes."""
+
+    sender: object
+    wanted: frozenset[str]
+    responses: ResponseQueue
+    on_finished: Callable[[FinishReason], None]
+
+
+class Responder:
+    """Turns engine outputs of one sample into response tensors; runs on the engine thread.
+
+    Streaming responses carry the new tokens, every `stream_interval` of them (the request's, else the model's);
+    a non-streaming request gets one response per sample with all of them. `sequence_index` tells the samples of
+    a request apart. With beam search (`beams` > 0), one final response carries that many best beams.
+    """
+
+    def __init__(
+        self,
+        channel: Channel,
+        request: inference_request.ParsedRequest,
+        group: SampleGroup,
+        pacing: StreamInterval,
+        beams: int = 0,
+    ) -> None:
+        self.channel = channel
+        self.streaming = request.streaming
+        self.group = group
+        self.drafted = bool(request.draft_tokens)  # report how many drafts were accepted
+        self.include_stop_words = request.include_stop_words
+        self.detokenizing = {"skip_special_tokens": np.array([[request.skip_special_tokens]])}
+        self.beams = beams
+        self.pacing = pacing
+
+    def __call__(self, out) -> None:
+        seq = out.seq
+        if self.beams:
+            if out.finished:
+                self._send_beams(out)
+            return
+        if self.streaming:
+            span = self.pacing.take(seq.num_output_tokens, out.finished)
+            if span is None:
+                return
+            new = seq.output_ids[span]
+        elif out.finished:
+            new = seq.output_ids
+        else:
+            return
+        start = len(seq.token_ids) - len(new)
+        preceding = seq.token_ids[max(0, start - CONTEXT_TOKENS) : start]
+        stop_word = matched_word(seq.output_ids, seq.params.stop_words) if out.finished else None
+        if stop_word and not self.include_stop_words:
+            new = new[: max(0, len(new) - len(stop_word))]
+        arrays = {
+            "output_ids": np.array(new, dtype=np.int32).reshape(1, 1, len(new)),
+            "sequence_length": np.array([[len(new)]], dtype=np.int32),
+            "preceding_ids": np.array(preceding, dtype=np.int32).reshape(1, len(preceding)),
+            "num_output_tokens": np.array([[seq.num_output_tokens]], dtype=np.int32),
+            "sequence_index": np.array([[seq.sample_index]], dtype=np.int32),
+            "stop_token": np.array([[stop_word[-1] if stop_word else -1]], dtype=np.int32),
+            **self._status(out),
+            **self._requested(seq, len(new)),
+        }
+        if out.finished:
+            self.channel.on_finished(seq.finish_reason)
+            self.group.unfinished -= 1
+        stream_key = (id(self.channel.sender), seq.sample_index) if self.streaming else None
+        self._put(arrays, self.group.unfinished == 0, stream_key)
+
+    def _send_beams(self, out) -> None:
+        """One final response with the best beams, padded with pad_id (their ends shift until the search ends,
+        so even a streaming request gets them whole)."""
+        seq = out.seq
+        best = seq.beam.results()[: self.beams]
+        width = max(len(h.output_ids) for h in best)
+        pad = seq.params.pad_id
+
+        def padded(rows, dtype, fill):
+            return np.array([list(r) + [fill] * (width - len(r)) for r in rows], dtype=dtype)[None]
+
+        arrays = {
+            "output_ids": padded([h.output_ids for h in best], np.int32, pad),
+            "sequence_length": np.array([[len(h.output_ids) for h in best]], dtype=np.int32),
+            "preceding_ids": np.zeros((1, 0), dtype=np.int32),
+            "num_output_tokens": np.array([[len(best[0].output_ids)]], dtype=np.int32),
+            "sequence_index": np.array([[0]], dtype=np.int32),
+            "stop_token": np.array([[-1]], dtype=np.int32),
+            **self._status(out),
+            **NO_LOG_PROBS,
+        }
+        if seq.params.return_log_probs:
+            arrays["output_log_probs"] = padded([h.log_probs for h in best], np.float32, 0.0)
+            arrays["cum_log_probs"] = np.array([[h.cum_log_prob for h in best]], dtype=np.float32)
+        if seq.params.return_context_logits and seq.context_logits:
+            arrays["context_logits"] = torch.stack(seq.context_logits).numpy()[None]
+        self.channel.on_finished(seq.finish_reason)
+        self._put(arrays, final=True)
+
+    def _put(self, arrays: dict[str, np.ndarray], final: bool, stream_key=None) -> None:
+        self.channel.responses.put(self.channel.sender, self.channel.wanted, arrays, final, stream_key)
+
+    def _status(self, out) -> dict[str, np.ndarray]:
+        """What every response says of its sequence: how it ended (if it did), its prompt, batch and queue wait."""
+        seq = out.seq
+        return {
+            "finish_reason": np.array([[_reason(seq)]], dtype=np.object_),
+            "num_input_tokens": np.array([[seq.num_prompt_tokens]], dtype=np.int32),
+            "batch_size": np.array([[out.batch_size]], dtype=np.int32),
+            "queue_wait_us": np.array([[int(seq.queue_wait() * 1e6)]], dtype=np.int64),
+            **self.detokenizing,
+        }
+
+    def _requested(self, seq, num_new: int) -> dict[str, np.ndarray]:
+        """The outputs the request asked for, covering this response's tokens. The log-prob outputs are always
+        there (empty unless asked for), because the ensemble hands them to postprocessing."""
+        p, arrays = seq.params, dict(NO_LOG_PROBS)
+        first = seq.num_output_tokens - num_new
+        if p.return_log_probs:
+            arrays["output_log_probs"] = np.array(seq.logprobs[first:], dtype=np.float32).reshape(1, 1, -1)
+            arrays["cum_log_probs"] = np.array([[sum(seq.logprobs)]], dtype=np.float32)
+        if p.top_log_probs:
+            top = seq.top_logprobs[first:]
+            shape = (1, 1, len(top), p.top_log_probs)
+            arrays["top_log_prob_ids"] = np.array([t[0] for t in top], dtype=np.int32).reshape(shape)
+            arrays["top_log_probs"] = np.array([t[1] for t in top], dtype=np.float32).reshape(shape)
+        if p.return_context_logits and first == 0 and seq.context_logits:
+            arrays["context_logits"] = torch.stack(seq.context_logits).numpy()[None]
+        if p.return_prompt_log_probs and first == 0:
+            arrays["prompt_log_probs"] = _prompt_log_probs(seq)
+        if self.drafted:
+            arrays["num_accepted_draft_tokens"] = np.array([[seq.accepted_drafts]], dtype=np.int32)
+        if p.return_generation_logits and num_new:
+            arrays["generation_logits"] = torch.stack(seq.generation_logits[first:]).numpy()[None, None]
+        return arrays
+
+
+NO_LOG_PROBS = {
+    "output_log_probs": np.zeros((1, 1, 0), dtype=np.float32),
+    "top_log_probs": np.zeros((1, 1, 0, 0), dtype=np.float32),
+    "top_log_prob_ids": np.zeros((1, 1, 0, 0), dtype=np.int32),
+    "prompt_log_probs": np.zeros((1, 0, 2), dtype=np.float32),
+}
+
+
+def _prompt_log_probs(seq) -> np.ndarray:
+    """[1, prompt, 2 + 2k]: per prompt token, its id and log-probability given the tokens before it, then the
+    ids and log-probabilities of the k best alternatives; the first token, which nothing predicts, has NaNs."""
+    k = seq.params.top_log_probs
+    tops = seq.prompt_top_logprobs or [([], [])] * len(seq.prompt_logprobs)
+    rows = [[seq.prompt_ids[0], *[np.nan] * (1 + 2 * k)]]
+    rows += [
+        [token, logprob, *ids, *values]
+        for token, logprob, (ids, values) in zip(seq.prompt_ids[1:], seq.prompt_logprobs, tops, strict=True)
+    ]
+    return np.array(rows, dtype=np.float32).reshape(1, len(rows), 2 + 2 * k)
+
+
+def _reason(seq) -> bytes:
+    return seq.finish_reason.value.encode() if seq.is_finished and seq.finish_reason else b""
