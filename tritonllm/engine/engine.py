@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import RequestError
 from .beam_search import BeamSearch
 from .block_manager import BlockManager
 from .config import DTYPE_BYTES, EngineConfig
@@ -59,10 +60,14 @@ class LLMEngine:
     def add(self, seq: Sequence) -> None:
         self.validate(seq.prompt_ids, 0 if seq.prompt_table is None else len(seq.prompt_table))
         if seq.adapter is not None and self.runner.lora is None:
-            raise ValueError("lora_task_id: LoRA is not enabled on this model (parameter lora_cache_size)")
+            raise RequestError(
+                "lora_task_id", "lora_task_id: LoRA is not enabled on this model (parameter lora_cache_size)"
+            )
         p = seq.params
         if seq.grammar is not None and (p.beam_width > 1 or seq.draft_tokens):
-            raise ValueError("guided_decoding_guide needs beam_width=1 and no draft_input_ids")
+            raise RequestError(
+                "guided_decoding_guide", "guided_decoding_guide needs beam_width=1 and no draft_input_ids"
+            )
         if p.beam_width > 1:
             max_tokens = min(p.max_tokens, self.max_model_len - seq.num_prompt_tokens)
             seq.beam = BeamSearch(seq, p.beam_width, p.length_penalty, p.early_stopping, max_tokens)
@@ -74,15 +79,16 @@ class LLMEngine:
         `virtual_tokens`: rows of the request's prompt table, which ids from the vocabulary size on select.
         """
         if not prompt_ids:
-            raise ValueError("input_ids is empty")
+            raise RequestError("input_ids", "input_ids is empty")
         if len(prompt_ids) >= self.max_model_len:
-            raise ValueError(
-                f"input_ids has {len(prompt_ids)} tokens; this model takes at most {self.max_model_len - 1}"
+            raise RequestError(
+                "input_ids",
+                f"input_ids has {len(prompt_ids)} tokens; this model takes at most {self.max_model_len - 1}",
             )
         limit = self.runner.shape.vocab_size + virtual_tokens
         bad = [t for t in prompt_ids if not 0 <= t < limit]
         if bad:
-            raise ValueError(f"input_ids holds token ids outside [0, {limit}): {bad[:5]}")
+            raise RequestError("input_ids", f"input_ids holds token ids outside [0, {limit}): {bad[:5]}")
 
     def abort(self, seq: Sequence, reason: FinishReason = FinishReason.CANCELLED) -> None:
         for s in seq.beam.live if seq.beam is not None else [seq]:

@@ -17,15 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
+from ..errors import Overloaded
 from .engine import LLMEngine, StepOutput
 from .sequence import FinishReason, Sequence
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-class Overloaded(RuntimeError):
-    """The queue of requests waiting for the engine is full; the caller should retry later."""
 
 
 @dataclass
@@ -100,7 +97,8 @@ class EngineThread:
         queued = self.num_queued()
         if self.max_queue_size and queued + len(submissions) > self.max_queue_size:
             raise Overloaded(
-                f"overloaded: {queued} requests queued (max_queue_size={self.max_queue_size}); retry later"
+                "max_queue_size",
+                f"overloaded: {queued} requests queued (max_queue_size={self.max_queue_size}); retry later",
             )
         for submission in submissions:
             self._inbox.put(("add", submission))

@@ -18,6 +18,8 @@ import llguidance.numpy
 import numpy as np
 import torch
 
+from ..errors import RequestError
+
 GUIDE_TYPES = ("json", "json_schema", "regex", "lark")
 COMPACT_JSON = {"whitespace_flexible": False}
 
@@ -38,7 +40,10 @@ class GrammarCompiler:
     def matcher(self, guide_type: str, guide: str) -> Grammar:
         """Raises ValueError naming the guided_decoding tensors when the guide is not valid."""
         if guide_type not in GUIDE_TYPES:
-            raise ValueError(f"guided_decoding_guide_type must be one of {list(GUIDE_TYPES)}, got {guide_type!r}")
+            raise RequestError(
+                "guided_decoding_guide_type",
+                f"guided_decoding_guide_type must be one of {list(GUIDE_TYPES)}, got {guide_type!r}",
+            )
         try:
             if guide_type == "json":
                 grammar = llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}', COMPACT_JSON)
@@ -49,10 +54,14 @@ class GrammarCompiler:
             else:
                 grammar = llguidance.LLMatcher.grammar_from_lark(self._special_tokens_named(guide))
         except (ValueError, TypeError) as e:
-            raise ValueError(f"guided_decoding_guide is not a valid {guide_type}: {e}") from e
+            raise RequestError(
+                "guided_decoding_guide", f"guided_decoding_guide is not a valid {guide_type}: {e}"
+            ) from e
         matcher = llguidance.LLMatcher(self.tokenizer, grammar)
         if matcher.is_error():
-            raise ValueError(f"guided_decoding_guide is not a valid {guide_type}: {matcher.get_error()}")
+            raise RequestError(
+                "guided_decoding_guide", f"guided_decoding_guide is not a valid {guide_type}: {matcher.get_error()}"
+            )
         return Grammar(matcher, self.tokenizer.vocab_size)
 
     def _special_tokens_named(self, lark: str) -> str:

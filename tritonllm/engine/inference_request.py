@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import RequestError
 from ..tokenizer.word_lists import decode_word_list
 from .sampling_params import NO_END_ID, SamplingParams
 from .sequence import DEFAULT_PRIORITY, HIGHEST_PRIORITY, LOWEST_PRIORITY
@@ -49,7 +50,7 @@ def scalar(get: TensorLookup, name: str, default=None):
     if array is None:
         return default
     if array.size != 1:
-        raise ValueError(f"{name} must hold exactly one value, got shape {list(array.shape)}")
+        raise RequestError(name, f"{name} must hold exactly one value, got shape {list(array.shape)}")
     value = array.reshape(-1)[0]
     return value.item() if isinstance(value, np.generic) else value  # strings arrive as bytes
 
@@ -103,7 +104,7 @@ def _guide(get: TensorLookup) -> tuple[str, str] | None:
     guide_type, guide = scalar(get, "guided_decoding_guide_type"), scalar(get, "guided_decoding_guide")
     if guide_type is None:
         if guide is not None:
-            raise ValueError("guided_decoding_guide needs a guided_decoding_guide_type")
+            raise RequestError("guided_decoding_guide", "guided_decoding_guide needs a guided_decoding_guide_type")
         return None
     return _text(guide_type), "" if guide is None else _text(guide)
 
@@ -115,25 +116,33 @@ def _text(value) -> str:
 def _check_beam_search(params: SamplingParams, samples: int, drafts: list[int]) -> None:
     width = params.beam_width
     if not params.greedy:
-        raise ValueError(f"beam_width={width} decodes deterministically: temperature must be 0 or unset")
+        raise RequestError(
+            "beam_width", f"beam_width={width} decodes deterministically: temperature must be 0 or unset"
+        )
     if not 1 <= samples <= width:
-        raise ValueError(f"num_return_sequences must be in [1, beam_width={width}] (the best beams), got {samples}")
+        raise RequestError(
+            "num_return_sequences",
+            f"num_return_sequences must be in [1, beam_width={width}] (the best beams), got {samples}",
+        )
     if drafts:
-        raise ValueError(f"draft_input_ids cannot be verified with beam_width={width}")
+        raise RequestError("draft_input_ids", f"draft_input_ids cannot be verified with beam_width={width}")
     if params.return_generation_logits or params.top_log_probs:
-        raise ValueError(f"return_generation_logits and num_top_log_probs need beam_width=1, got {width}")
+        raise RequestError(
+            "return_generation_logits", f"return_generation_logits and num_top_log_probs need beam_width=1, got {width}"
+        )
 
 
 def _prompt_table(get: TensorLookup, hidden_size: int) -> torch.Tensor | None:
     table, size = get("prompt_embedding_table"), scalar(get, "prompt_vocab_size")
     if table is None:
         if size is not None:
-            raise ValueError("prompt_vocab_size needs a prompt_embedding_table")
+            raise RequestError("prompt_vocab_size", "prompt_vocab_size needs a prompt_embedding_table")
         return None
     rows = table.reshape(-1, table.shape[-1]) if table.ndim >= 2 else None
     if rows is None or rows.shape[1] != hidden_size:
-        raise ValueError(
-            f"prompt_embedding_table must be [1, rows, hidden_size={hidden_size}], got {list(table.shape)}"
+        raise RequestError(
+            "prompt_embedding_table",
+            f"prompt_embedding_table must be [1, rows, hidden_size={hidden_size}], got {list(table.shape)}",
         )
     size = rows.shape[0] if size is None else int(size)
     _check("prompt_vocab_size", size, 0 < size <= rows.shape[0], f"in [1, {rows.shape[0]}] (the table's rows)")
@@ -145,14 +154,15 @@ def _drafts(get: TensorLookup, vocab_size: int) -> tuple[list[int], torch.Tensor
     drafts = [] if ids is None else ids.reshape(-1).astype(np.int64).tolist()
     bad = [t for t in drafts if not 0 <= t < vocab_size]
     if bad:
-        raise ValueError(f"draft_input_ids holds token ids outside [0, {vocab_size}): {bad[:5]}")
+        raise RequestError("draft_input_ids", f"draft_input_ids holds token ids outside [0, {vocab_size}): {bad[:5]}")
     if logits is None:
         return drafts, None
     table = logits.reshape(-1, logits.shape[-1]) if logits.ndim >= 2 else logits
     if not drafts or table.shape != (len(drafts), vocab_size):
-        raise ValueError(
+        raise RequestError(
+            "draft_logits",
             f"draft_logits must be [num_draft_tokens={len(drafts)}, vocab_size={vocab_size}] "
-            f"alongside draft_input_ids, got {list(logits.shape)}"
+            f"alongside draft_input_ids, got {list(logits.shape)}",
         )
     return drafts, torch.from_numpy(table.astype(np.float32))
 
@@ -160,29 +170,31 @@ def _drafts(get: TensorLookup, vocab_size: int) -> tuple[list[int], torch.Tensor
 def _prompt(get: TensorLookup) -> list[int]:
     ids = get("input_ids")
     if ids is None:
-        raise ValueError("input_ids is required")
+        raise RequestError("input_ids", "input_ids is required")
     if ids.ndim == 2 and ids.shape[0] != 1:
-        raise ValueError(f"input_ids must be [1, num_input_tokens]; one sequence per request, got {list(ids.shape)}")
+        raise RequestError(
+            "input_ids", f"input_ids must be [1, num_input_tokens]; one sequence per request, got {list(ids.shape)}"
+        )
     return ids.reshape(-1).astype(np.int64).tolist()
 
 
 def _check(name: str, value, ok: bool, rule: str) -> None:
     if not ok:
-        raise ValueError(f"{name} must be {rule}, got {value}")
+        raise RequestError(name, f"{name} must be {rule}, got {value}")
 
 
 def _either(get: TensorLookup, name: str, new_name: str) -> tuple[str, Any]:
     """An input that TensorRT-LLM renamed (random_seed -> seed, min_length -> min_tokens): either name, not both."""
     old, new = scalar(get, name), scalar(get, new_name)
     if old is not None and new is not None:
-        raise ValueError(f"give {new_name} or {name}, not both")
+        raise RequestError(new_name, f"give {new_name} or {name}, not both")
     return (name, old) if new is None else (new_name, new)
 
 
 def _params(get: TensorLookup, vocab_size: int) -> SamplingParams:
     max_tokens = scalar(get, "request_output_len")
     if max_tokens is None:
-        raise ValueError("request_output_len is required")
+        raise RequestError("request_output_len", "request_output_len is required")
     _check("request_output_len", max_tokens, max_tokens >= 1, ">= 1")
 
     temperature = scalar(get, "temperature")
@@ -266,9 +278,11 @@ def _embedding_bias(get: TensorLookup, vocab_size: int) -> torch.Tensor | None:
     if flat.size == 0:
         return None  # tensorrtllm_backend sends an empty bias when none is wanted
     if flat.size != vocab_size:
-        raise ValueError(f"embedding_bias must be [1, vocab_size={vocab_size}], got shape {list(bias.shape)}")
+        raise RequestError(
+            "embedding_bias", f"embedding_bias must be [1, vocab_size={vocab_size}], got shape {list(bias.shape)}"
+        )
     if not np.isfinite(flat).all():
-        raise ValueError("embedding_bias must be finite")
+        raise RequestError("embedding_bias", "embedding_bias must be finite")
     return torch.from_numpy(flat.astype(np.float32))
 
 

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..errors import RequestError
+
 MODULES = {
     1: "self_attn.q_proj",
     2: "self_attn.k_proj",
@@ -70,15 +72,16 @@ def resolve(
 ) -> Adapter:
     """The adapter a request names: unpacked and cached when it brings weights, else taken from the cache."""
     if (weights is None) != (config is None):
-        raise ValueError("lora_weights and lora_config come together")
+        raise RequestError("lora_weights", "lora_weights and lora_config come together")
     if weights is not None:
         adapter = parse_adapter(task_id, weights, config, model)
         cache.put(task_id, adapter)
         return adapter
     adapter = cache.get(task_id)
     if adapter is None:
-        raise ValueError(
-            f"lora_task_id {task_id} is not cached (or was evicted); send lora_weights and lora_config with it"
+        raise RequestError(
+            "lora_task_id",
+            f"lora_task_id {task_id} is not cached (or was evicted); send lora_weights and lora_config with it",
         )
     return adapter
 
@@ -88,22 +91,24 @@ def parse_adapter(task_id: int, weights: np.ndarray, config: np.ndarray, model: 
     config = config.reshape(-1, 3).astype(np.int64)
     rows = weights.reshape(len(config), -1) if weights.size else weights
     if weights.size == 0 or rows.shape[0] != len(config):
-        raise ValueError(
-            f"lora_weights must have one row per lora_config row ({len(config)}), got {list(weights.shape)}"
+        raise RequestError(
+            "lora_weights",
+            f"lora_weights must have one row per lora_config row ({len(config)}), got {list(weights.shape)}",
         )
     layers = model.model.layers
     unpacked = {}
     for row, (module_id, layer, rank) in zip(rows, config.tolist(), strict=True):
         if module_id not in MODULES:
-            raise ValueError(f"lora_config: module id {module_id} is not one of {sorted(MODULES)}")
+            raise RequestError("lora_config", f"lora_config: module id {module_id} is not one of {sorted(MODULES)}")
         if not 0 <= layer < len(layers):
-            raise ValueError(f"lora_config: layer {layer} is outside [0, {len(layers)})")
+            raise RequestError("lora_config", f"lora_config: layer {layer} is outside [0, {len(layers)})")
         linear = layers[layer].get_submodule(MODULES[module_id])
         linear = getattr(linear, "base", linear)  # the Linear inside an installed LoraLinear
         size = rank * (linear.in_features + linear.out_features)
         if rank < 1 or size > row.size:
-            raise ValueError(
-                f"lora_config: adapter size {rank} of module {module_id} does not fit its lora_weights row"
+            raise RequestError(
+                "lora_config",
+                f"lora_config: adapter size {rank} of module {module_id} does not fit its lora_weights row",
             )
         a = torch.from_numpy(row[: rank * linear.in_features].astype(np.float32)).view(rank, linear.in_features)
         b = torch.from_numpy(row[rank * linear.in_features : size].astype(np.float32)).view(linear.out_features, rank)

@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+from ..errors import RequestError
 from . import gguf
 
 MODEL_DIR_ENV = "TRITONLLM_MODEL_DIR"
@@ -78,7 +79,7 @@ def json_list(raw: str, field: str) -> list:
     try:
         value = json.loads(raw)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{field} is not valid JSON: {e}") from e
+        raise RequestError(field, f"{field} is not valid JSON: {e}") from e
     if not isinstance(value, list):
-        raise ValueError(f"{field} must be a JSON array")
+        raise RequestError(field, f"{field} must be a JSON array")
     return value

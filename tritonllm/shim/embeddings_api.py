@@ -62,8 +62,11 @@ def build_router(settings: ShimSettings) -> APIRouter:
                 return await client.embed(texts[start : start + CHUNK_ROWS], body.instruction)
             except TritonRequestError as e:
                 # the model names the row of its chunk; the caller knows the index in `input`
-                message = re.sub(r"text_input\[(\d+)\]", lambda m: f"input[{start + int(m[1])}]", str(e))
-                raise APIError(400, message, "input") from e
+                error = APIError.refused(e)
+                in_input = lambda m: f"input[{start + int(m[1])}]"  # noqa: E731
+                error.message = re.sub(r"text_input\[(\d+)\]", in_input, error.message)
+                error.param = re.sub(r"text_input\[(\d+)\]", in_input, error.param or "input")
+                raise error from e
             except TritonUnavailable as e:
                 raise APIError(503, str(e)) from e
 

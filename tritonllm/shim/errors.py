@@ -11,6 +11,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .triton_client import TritonRequestError
+
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -26,6 +28,12 @@ class APIError(Exception):
         self.status = status
         self.message = message
         self.param = param
+
+    @classmethod
+    def refused(cls, error: TritonRequestError) -> APIError:
+        """What the models refused, with the status and field their typed error carries (400 when untyped)."""
+        typed = error.typed
+        return cls(typed.status, typed.message, typed.param) if typed else cls(400, str(error))
 
     def body(self) -> dict:
         kind = _TYPES.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error")

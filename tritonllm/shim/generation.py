@@ -62,28 +62,9 @@ async def generate(
                     if len(done) == request.num_finals:
                         return
     except TritonRequestError as e:
-        status = 429 if "overloaded" in str(e) else 400
-        raise APIError(status, str(e), _param_named_in(str(e))) from e
+        raise APIError.refused(e) from e
     except TritonUnavailable as e:
         raise APIError(503, str(e)) from e
-
-
-def _param_named_in(message: str) -> str | None:
-    for name in (
-        "text_input",
-        "max_tokens",
-        "chat_messages",
-        "chat_tools",
-        "input_ids",
-        "prompt_token_ids",
-        "logit_bias_ids",
-        "temperature",
-        "top_k",
-        "guided_decoding_guide",
-    ):
-        if name in message:
-            return name
-    return None
 
 
 async def primed(items: AsyncIterator[T]) -> AsyncIterator[T]:

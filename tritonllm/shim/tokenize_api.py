@@ -4,7 +4,6 @@ lm-eval's remote tokenizer needs no local copy of the model's tokenizer."""
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -48,7 +47,9 @@ def build_router(settings: ShimSettings) -> APIRouter:
         try:
             return await call
         except TritonRequestError as e:
-            raise APIError(400, str(e), _param(str(e))) from e
+            error = APIError.refused(e)
+            error.param = FIELDS.get(error.param, error.param)
+            raise error from e
         except TritonUnavailable as e:
             raise APIError(503, str(e)) from e
 
@@ -93,14 +94,5 @@ def build_router(settings: ShimSettings) -> APIRouter:
     return router
 
 
-def _param(message: str) -> str | None:
-    """The request field a preprocessing or postprocessing error is about."""
-    for tensor, field in (
-        ("chat_messages", "messages"),
-        ("chat_tools", "tools"),
-        ("text_input", "prompt"),
-        ("output_ids", "tokens"),
-    ):
-        if re.search(rf"\b{tensor}\b", message):
-            return field
-    return None
+# the request field of each tensor that preprocessing or postprocessing may refuse
+FIELDS = {"chat_messages": "messages", "chat_tools": "tools", "text_input": "prompt", "output_ids": "tokens"}

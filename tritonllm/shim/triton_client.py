@@ -21,6 +21,7 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from .. import errors
 from ..runtime import response_status
 
 ENSEMBLE = "ensemble"
@@ -32,7 +33,12 @@ FINISH_GRACE_S = 30.0  # how long an abandoned call may take to end after its st
 
 
 class TritonRequestError(Exception):
-    """Triton answered the request with an error (bad input, or the server failed)."""
+    """Triton answered the request with an error: `typed` is the RequestError the models sent (tritonllm.errors),
+    None for an error of another kind (the server failed)."""
+
+    def __init__(self, message: str) -> None:
+        self.typed = errors.from_message(message)
+        super().__init__(self.typed.message if self.typed else message)
 
 
 class TritonUnavailable(Exception):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import RequestError
+
 
 def encode_word_list(words: list[list[int]]) -> np.ndarray:
     words = [w for w in words if w]
@@ -27,20 +29,20 @@ def decode_word_list(array: np.ndarray, name: str, vocab_size: int) -> list[list
     if array.ndim == 3 and array.shape[0] == 1:
         array = array[0]
     if array.ndim != 2 or array.shape[0] != 2:
-        raise ValueError(f"{name} must have shape [2, N] (ids row, offsets row), got {list(array.shape)}")
+        raise RequestError(name, f"{name} must have shape [2, N] (ids row, offsets row), got {list(array.shape)}")
     ids, offsets = array[0].tolist(), array[1].tolist()
     padding = offsets.index(-1) if -1 in offsets else len(offsets)
     ends = offsets[:padding]
     if any(o != -1 for o in offsets[padding:]):
-        raise ValueError(f"{name}: offsets row must be increasing offsets followed only by -1 padding")
+        raise RequestError(name, f"{name}: offsets row must be increasing offsets followed only by -1 padding")
     words, start = [], 0
     for end in ends:
         if not start < end <= len(ids):
-            raise ValueError(f"{name}: offsets row must increase within 1..{len(ids)}, got {ends}")
+            raise RequestError(name, f"{name}: offsets row must increase within 1..{len(ids)}, got {ends}")
         word = ids[start:end]
         bad = [t for t in word if not 0 <= t < vocab_size]
         if bad:
-            raise ValueError(f"{name}: token ids outside [0, {vocab_size}): {bad[:5]}")
+            raise RequestError(name, f"{name}: token ids outside [0, {vocab_size}): {bad[:5]}")
         words.append(word)
         start = end
     return words

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from tritonllm import errors
 from tritonllm.embedding import InputTooLong, SentenceEmbedder
 from tritonllm.runtime.model_config import ModelParameters, strings
 
@@ -32,7 +33,7 @@ class TritonPythonModel:
             try:
                 prepared.append(self.embedder.prepare(_texts(request, "text_input"), _texts(request, "instruction")))
             except (InputTooLong, UnicodeDecodeError) as e:
-                prepared.append(pb_utils.TritonError(str(e)))
+                prepared.append(pb_utils.TritonError(errors.to_message(e)))
         rows = [text for p in prepared if not isinstance(p, pb_utils.TritonError) for text in p[0]]
         vectors = self.embedder.encode(rows)
         responses, start = [], 0

@@ -11,13 +11,15 @@ import time
 
 import triton_python_backend_utils as pb_utils
 
+from tritonllm import errors
 from tritonllm.engine import inference_request, lora
 from tritonllm.engine.config import EngineConfig, environment_overrides
 from tritonllm.engine.engine import LLMEngine
-from tritonllm.engine.engine_thread import EngineThread, Overloaded, Submission, load_on_own_thread
+from tritonllm.engine.engine_thread import EngineThread, Submission, load_on_own_thread
 from tritonllm.engine.grammar import GrammarCompiler
 from tritonllm.engine.lora import AdapterCache
 from tritonllm.engine.sequence import samples_of
+from tritonllm.errors import RequestError
 from tritonllm.runtime import gguf
 from tritonllm.runtime.llm_metrics import EngineMetrics
 from tritonllm.runtime.llm_responses import FINAL, Channel, Responder, ResponseQueue, SampleGroup
@@ -88,8 +90,8 @@ class TritonPythonModel:
                 self.thread.submit(
                     [Submission(seq, r, sender.is_cancelled) for seq, r in zip(samples, responders, strict=True)]
                 )
-            except (ValueError, TypeError, Overloaded) as e:
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=FINAL)
+            except (ValueError, TypeError) as e:  # RequestError (Overloaded too) is a ValueError
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(errors.to_message(e))), flags=FINAL)
         return None
 
     def _adapter(self, get):
@@ -97,10 +99,10 @@ class TritonPythonModel:
         weights, config = get("lora_weights"), get("lora_config")
         if task_id is None:
             if weights is not None or config is not None:
-                raise ValueError("lora_weights and lora_config need a lora_task_id")
+                raise RequestError("lora_task_id", "lora_weights and lora_config need a lora_task_id")
             return None
         if self.engine.runner.lora is None:
-            raise ValueError("lora_task_id: LoRA is disabled on this model (parameter lora_cache_size is 0)")
+            raise RequestError("lora_task_id", "LoRA is disabled on this model (parameter lora_cache_size is 0)")
         return lora.resolve(self.adapters, int(task_id), weights, config, self.engine.runner.model)
 
     def finalize(self) -> None:

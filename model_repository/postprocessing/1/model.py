@@ -10,6 +10,7 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from tritonllm.errors import RequestError
 from tritonllm.runtime import response_status
 from tritonllm.runtime.model_config import ModelParameters, load_tokenizer
 from tritonllm.tokenizer.detokenizer import text_increment
@@ -60,8 +61,8 @@ class TritonPythonModel:
             vocab = len(self.tokenizer)
             outside = [t for t in ids if not 0 <= t < vocab]
             if outside:
-                message = f"output_ids holds token ids outside [0, {vocab}): {outside[:5]}"
-                return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+                error = RequestError("output_ids", f"output_ids holds token ids outside [0, {vocab}): {outside[:5]}")
+                return pb_utils.InferenceResponse(error=pb_utils.TritonError(error.wire()))
         log_probs = inputs["output_log_probs"][0, 0][: len(ids)]
         top_ids = inputs["top_log_prob_ids"][0, 0][: len(ids)]
         outputs = [

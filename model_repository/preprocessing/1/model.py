@@ -7,6 +7,8 @@ import os
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from tritonllm import errors
+from tritonllm.errors import RequestError
 from tritonllm.runtime.model_config import (
     TOOL_CALL_PARSER_ENV,
     ModelParameters,
@@ -26,7 +28,7 @@ def _string(request, name: str) -> str | None:
         return None
     value = tensor.as_numpy().reshape(-1)
     if value.size != 1:
-        raise ValueError(f"{name} must hold one string, got {value.size}")
+        raise RequestError(name, f"{name} must hold one string, got {value.size}")
     return strings(value)[0]
 
 
@@ -56,7 +58,7 @@ def _strings_array(texts: list[str]) -> np.ndarray:
 
 def _same_length(name: str, values: list, other_name: str, others: list) -> None:
     if len(values) != len(others):
-        raise ValueError(f"{name} has {len(values)} entries but {other_name} has {len(others)}")
+        raise RequestError(name, f"{name} has {len(values)} entries but {other_name} has {len(others)}")
 
 
 class TritonPythonModel:
@@ -88,17 +90,20 @@ class TritonPythonModel:
             return pb_utils.InferenceResponse([pb_utils.Tensor("tokenizer_info", _strings_array([info]))])
         try:
             if not _bool(request, "exclude_input_in_output", True):
-                raise ValueError("exclude_input_in_output: false is not supported; text_output never repeats the input")
+                raise RequestError(
+                    "exclude_input_in_output",
+                    "exclude_input_in_output: false is not supported; text_output never repeats the input",
+                )
             max_tokens = _int(request, "max_tokens", self.default_max_tokens)
             if max_tokens < 1:
-                raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+                raise RequestError("max_tokens", f"max_tokens must be >= 1, got {max_tokens}")
             ids = self._tokenize(request, max_tokens if _bool(request, "max_tokens_must_fit", False) else None)
             bad_words = self._word_list(request, "bad_words")
             stop_token_ids = [t for t in _ids(request, "stop_token_ids") if 0 <= t < len(self.tokenizer)]
             stop_words = self._word_list(request, "stop_words", [[t] for t in stop_token_ids])
             bias = self._embedding_bias(request)
         except ValueError as e:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e)))
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(errors.to_message(e)))
         tok = self.tokenizer
         end_id = _int(request, "end_id", tok.eos_token_id if tok.eos_token_id is not None else -1)
         pad_id = _int(request, "pad_id", tok.pad_token_id if tok.pad_token_id is not None else end_id)
@@ -157,7 +162,7 @@ class TritonPythonModel:
         vocab = len(self.tokenizer)
         outside = [t for t in ids if not 0 <= t < vocab]
         if outside:
-            raise ValueError(f"{name} holds token ids outside [0, {vocab}): {outside[:5]}")
+            raise RequestError(name, f"{name} holds token ids outside [0, {vocab}): {outside[:5]}")
 
     def _tokenize(self, request, output_tokens: int | None) -> list[int]:
         """The prompt's ids; `output_tokens` (max_tokens_must_fit): they must fit in the context after it."""
@@ -182,23 +187,25 @@ class TritonPythonModel:
         else:
             text = _string(request, "text_input")
             if text is None:
-                raise ValueError("text_input (or chat_messages, or prompt_token_ids) is required")
+                raise RequestError("text_input", "text_input (or chat_messages, or prompt_token_ids) is required")
             raw = _bool(request, "use_raw_prompt", False)  # exactly the text: no special tokens added
             ids = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens and not raw)
         if not ids:
-            raise ValueError("text_input is empty after tokenization")
+            raise RequestError("text_input", "text_input is empty after tokenization")
         if len(ids) > self.max_prompt_tokens:
             if not _bool(request, "truncate_prompt", False):
                 limits = ", ".join(f"{name} = {value}" for name, value in self.limits.items() if value < 1 << 30)
-                raise ValueError(
-                    f"text_input has {len(ids)} tokens; at most {self.max_prompt_tokens} are allowed ({limits})"
+                raise RequestError(
+                    "text_input",
+                    f"text_input has {len(ids)} tokens; at most {self.max_prompt_tokens} are allowed ({limits})",
                 )
             ids = ids[len(ids) - self.max_prompt_tokens :]  # keep the end, which the generation continues
         if output_tokens is not None and len(ids) + output_tokens > self.context:
             if not _bool(request, "truncate_prompt", False) or output_tokens >= self.context:
-                raise ValueError(
+                raise RequestError(
+                    "max_tokens",
                     f"max_tokens is too large: {output_tokens}; the context holds {self.context} tokens and the "
-                    f"prompt has {len(ids)} ({output_tokens} > {self.context} - {len(ids)})"
+                    f"prompt has {len(ids)} ({output_tokens} > {self.context} - {len(ids)})",
                 )
             ids = ids[len(ids) + output_tokens - self.context :]
         return ids

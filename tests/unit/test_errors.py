@@ -1,0 +1,40 @@
+"""Typed request errors travel through Triton's error messages and come out as the shim's HTTP status and param."""
+
+from __future__ import annotations
+
+import pytest
+
+from tritonllm import errors
+from tritonllm.engine import inference_request
+from tritonllm.shim.errors import APIError
+from tritonllm.shim.triton_client import TritonRequestError
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (errors.RequestError("max_tokens", "max_tokens is too large: 9"), 400),
+        (errors.Overloaded("max_queue_size", "overloaded: 3 queued"), 429),
+    ],
+)
+def test_a_typed_error_survives_the_trip_as_its_status_and_field(error, status):
+    # the ensemble passes a step's message on, and Triton may put words of its own in front
+    message = f"in ensemble 'ensemble', {errors.to_message(error)}"
+    refused = APIError.refused(TritonRequestError(message))
+    assert (refused.status, refused.param, refused.message) == (status, error.param, error.message)
+
+
+def test_an_untyped_error_is_a_400_with_its_text_and_no_field():
+    refused = APIError.refused(TritonRequestError("Failed to process the request(s) for model 'llm'"))
+    assert (refused.status, refused.param) == (400, None)
+    assert "Failed to process" in refused.message
+    assert errors.to_message(ValueError("plain")) == "plain"
+
+
+def test_the_engine_names_the_tensor_it_refuses():
+    def get(name):
+        return {"input_ids": None}.get(name)
+
+    with pytest.raises(errors.RequestError) as info:
+        inference_request.parse(get, 100, 0, 8)
+    assert info.value.param == "input_ids" and info.value.wire().startswith("[invalid_argument:input_ids] ")
