@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tritonllm import errors
@@ -33,8 +34,10 @@ def test_an_untyped_error_is_a_400_with_its_text_and_no_field():
 
 def test_the_engine_names_the_tensor_it_refuses():
     def get(name):
-        return {"input_ids": None}.get(name)
+        return {"input_ids": np.array([[1, 2]], dtype=np.int32)}.get(name)
 
     with pytest.raises(errors.RequestError) as info:
-        inference_request.parse(get, 100, 0, 8)
-    assert info.value.param == "input_ids" and info.value.wire().startswith("[invalid_argument:input_ids] ")
+        inference_request.parse(get, 100)
+    wire = info.value.wire()
+    assert info.value.param == "request_output_len"
+    assert wire == "[invalid_argument:request_output_len] request_output_len is required"
