@@ -7,7 +7,7 @@ import json
 import jsonschema
 
 from tritonllm.shim.app import create_app
-from tritonllm.shim.openai_api import ChatRequest
+from tritonllm.shim.openai_protocol import ChatRequest
 from tritonllm.shim.settings import ShimSettings
 
 

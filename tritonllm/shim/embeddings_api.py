@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import APIError, json_body
 from .generation import until_disconnected
-from .openai_api import MAX_TEXT_CHARS
+from .openai_protocol import MAX_TEXT_CHARS
 from .settings import ShimSettings
 from .triton_client import TritonRequestError, TritonUnavailable
 

@@ -23,7 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..tokenizer.tool_calls import FORMATS, ToolCallParser
 from .errors import APIError, json_body
 from .generation import Piece, generate, primed, until_disconnected
-from .openai_api import INT32_MAX, ChatRequest, chat_generation, check_served_model
+from .openai_protocol import INT32_MAX, ChatRequest
+from .openai_serving import chat_generation, check_served_model
 from .settings import ShimSettings
 from .triton_client import TokenLogprob
 

@@ -10,7 +10,8 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import APIError, json_body
-from .openai_api import INT32_MAX, ChatMessage, ToolObject, check_served_model, check_size
+from .openai_protocol import INT32_MAX, ChatMessage, ToolObject
+from .openai_serving import check_served_model, check_size
 from .settings import ShimSettings
 from .triton_client import TokenizeRequest, TritonRequestError, TritonUnavailable
 

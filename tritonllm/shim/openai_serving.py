@@ -1,0 +1,409 @@
+"""Chat and completions served: a request body mapped onto ensemble requests, the generated pieces rendered as
+OpenAI's chunks or whole responses."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..tokenizer.tool_calls import FORMATS, ToolCallParser
+from .errors import APIError
+from .generation import STOP_STRING, Piece, generate
+from .openai_protocol import MAX_TEXT_CHARS, ChatRequest, CompletionRequest, SamplingFields
+from .settings import ShimSettings
+from .triton_client import GenerationRequest, TokenLogprob
+
+OPENAI_FINISH = {"end_id": "stop", STOP_STRING: "stop", "stop_words": "stop", "length": "length"}
+
+
+@dataclass
+class Choice:
+    """What one choice has gathered: its text, end, log-probs and timings."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    stop: str | int | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_text: str | None = None  # asked for by completions' echo
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    arrivals: list[float] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=list)
+    queue_waits: list[int] = field(default_factory=list)
+
+    def add(self, piece: Piece) -> None:
+        chunk = piece.chunk
+        self.text += piece.text
+        self.logprobs += chunk.logprobs
+        if chunk.prompt_text is not None:
+            self.prompt_text, self.prompt_logprobs = chunk.prompt_text, chunk.prompt_logprobs
+        self.prompt_tokens, self.completion_tokens = chunk.num_input_tokens, chunk.num_output_tokens
+        self.arrivals.append(chunk.arrived)
+        # Per token: the batch it was generated in, and the time it waited in the queue (only the first did).
+        for _ in range(max(chunk.num_tokens, 1)):
+            self.batch_sizes.append(chunk.batch_size)
+            self.queue_waits.append(0 if len(self.queue_waits) else chunk.queue_wait_us)
+        if piece.finish_reason:
+            self.finish_reason, self.stop = piece.finish_reason, piece.stop
+
+    @property
+    def cum_logprob(self) -> float:
+        return sum(t.logprob for t in self.logprobs)
+
+
+def _sse(payload: dict | str) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+async def generated_pieces(client, gens: list[GenerationRequest], stops: list[str], include_stop: bool, per: int):
+    """(choice index, piece) from several generations at once; choice = generation * `per` + sample index."""
+    if len(gens) == 1:
+        async with aclosing(generate(client, gens[0], stops, include_stop)) as pieces:
+            async for piece in pieces:
+                for one in _beams_of(piece):
+                    yield one.index, one
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, gen: GenerationRequest) -> None:
+        try:
+            async for piece in generate(client, gen, stops, include_stop):
+                for one in _beams_of(piece):
+                    await queue.put((i * per + one.index, one))
+        except APIError as e:
+            await queue.put(e)
+        finally:
+            await queue.put(None)
+
+    tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        running = len(tasks)
+        while running:
+            item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, APIError):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def _beams_of(piece: Piece) -> list[Piece]:
+    """A beam search's final piece holds every beam's text: one piece per beam, as if they were samples."""
+    texts = piece.chunk.texts
+    if len(texts) == 1:
+        return [piece]
+    return [
+        dataclasses.replace(
+            piece,
+            text=text,
+            chunk=dataclasses.replace(piece.chunk, texts=[text], index=j, logprobs=[] if j else piece.chunk.logprobs),
+        )
+        for j, text in enumerate(texts)
+    ]
+
+
+def check_served_model(settings: ShimSettings, name: str) -> None:
+    """A 404 naming the served model unless `name` is it."""
+    if name != settings.served_model_name:
+        raise APIError(404, f"model {name!r} does not exist; this server has {settings.served_model_name!r}", "model")
+
+
+def chat_generation(body: ChatRequest, settings: ShimSettings, where: str = "messages") -> GenerationRequest:
+    """The ensemble request of a chat: its messages rendered, its tools and its guide; errors name `where`."""
+    body.check()
+    messages = [m.rendered(i, where) for i, m in enumerate(body.messages)]
+    check_size(sum(len(m["content"]) for m in messages), where)
+    if body.top_logprobs and not body.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+    return body.generation_request(
+        settings.default_max_tokens,
+        messages=messages,
+        tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
+        guide=body.guide(FORMATS[settings.tool_call_parser]),
+        logprobs=bool(body.logprobs) or None,
+        top_logprobs=body.top_logprobs if body.logprobs else None,
+    )
+
+
+def check_size(chars: int, field_name: str) -> None:
+    if chars > MAX_TEXT_CHARS:
+        raise APIError(413, f"{field_name} has {chars} characters; at most {MAX_TEXT_CHARS} (4 MB) are allowed")
+
+
+def _usage(choices: list[Choice], prompts: int = 1) -> dict:
+    per = max(len(choices) // prompts, 1)
+    prompt = sum(c.prompt_tokens for c in choices[::per])
+    completion = sum(c.completion_tokens for c in choices)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+class Render:
+    object_whole: str
+    object_chunk: str
+    prefix: str
+    whole_only = False  # True: even a streaming request gets all choices at once
+
+    def __init__(self, body: SamplingFields, settings: ShimSettings) -> None:
+        self.body = body
+        self.full_text = settings.full_text_enabled
+        self.id = f"{self.prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.start = time.monotonic()
+
+    def envelope(self, obj: str, choices: list, **extra) -> dict:
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.body.model,
+            "choices": choices,
+            **extra,
+        }
+
+    def include_usage(self) -> bool:
+        options = self.body.stream_options
+        return bool(options and options.include_usage)
+
+    def timings(self, choice: Choice) -> dict:
+        """The spec's prefill_time (first token) and decode_time_arr (between tokens), in milliseconds."""
+        times = [self.start, *choice.arrivals]
+        gaps = [round((b - a) * 1000, 3) for a, b in zip(times, times[1:], strict=False)]
+        return {"prefill_time": gaps[0] if gaps else None, "decode_time_arr": gaps[1:]}
+
+    async def stream(self, pieces) -> AsyncIterator[str]:
+        choices: dict[int, Choice] = {}
+        try:
+            async with aclosing(pieces):
+                async for index, piece in pieces:
+                    if index not in choices:
+                        choices[index] = Choice()
+                        for opening in self.opening(index):
+                            yield _sse(opening)
+                    choice = choices[index]
+                    choice.add(piece)
+                    for event in self.events(index, piece, choice):
+                        yield _sse(event)
+        except APIError as e:
+            yield _sse(e.body())
+            return
+        ordered = [choices[i] for i in sorted(choices)]
+        if ordered and self.include_usage():
+            yield _sse(self.envelope(self.object_chunk, [], usage=self.usage(ordered)))
+        yield _sse("[DONE]")
+
+    async def whole_stream(self, choices: list[Choice]) -> AsyncIterator[str]:
+        yield _sse({**self.whole(choices), "object": self.object_chunk})
+        yield _sse("[DONE]")
+
+    def usage(self, choices: list[Choice]) -> dict:
+        return _usage(choices)
+
+    def opening(self, index: int) -> list[dict]:
+        return []
+
+
+class ChatRender(Render):
+    object_whole, object_chunk, prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
+
+    def __init__(self, body: ChatRequest, settings: ShimSettings) -> None:
+        super().__init__(body, settings)
+        self.tools = body.tools_active()
+        self.tool_format = FORMATS[settings.tool_call_parser]
+        self.max_calls = 1 if body.parallel_tool_calls is False or isinstance(body.tool_choice, dict) else None
+        # OpenAI ends a call forced by name with "stop", any other with "tool_calls"
+        self.calls_finish = "stop" if isinstance(body.tool_choice, dict) else "tool_calls"
+        self.parsers: dict[int, ToolCallParser] = {}  # per choice: content streams until a tool call opens
+        self.shown: dict[int, str] = {}  # per choice: the content streamed so far
+
+    def new_parser(self) -> ToolCallParser:
+        return ToolCallParser(self.tool_format, self.max_calls)
+
+    def opening(self, index: int) -> list[dict]:
+        delta = {"role": "assistant", "content": ""}
+        return [
+            self.envelope(
+                self.object_chunk, [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]
+            )
+        ]
+
+    def split(self, parser: ToolCallParser, text: str, finish_reason: str | None) -> tuple[str, list[dict]]:
+        """Content and tool-call deltas of new text; with tools off, all of it is content."""
+        if not self.tools:
+            return text, []
+        content, calls = parser.feed(text)
+        if finish_reason:
+            rest, more = parser.finish(cut_off=finish_reason == "length")
+            content, calls = content + rest, calls + more
+        return content, calls
+
+    def finish_reason(self, reason: str, parser: ToolCallParser) -> str:
+        finish = OPENAI_FINISH[reason]
+        return self.calls_finish if finish == "stop" and self.tools and parser.has_complete_call else finish
+
+    def events(self, index: int, piece: Piece, choice: Choice) -> list[dict]:
+        parser = self.parsers.setdefault(index, self.new_parser())
+        text, calls = self.split(parser, piece.text, piece.finish_reason)
+        self.shown[index] = self.shown.get(index, "") + text
+        delta: dict[str, Any] = {}
+        if self.full_text and (text or piece.finish_reason):
+            delta["content"] = self.shown[index]
+        elif text:
+            delta["content"] = text
+        if calls:
+            delta["tool_calls"] = calls
+        finish = self.finish_reason(piece.finish_reason, parser) if piece.finish_reason else None
+        if not delta and not finish and not piece.chunk.logprobs:
+            return []
+        out = {"index": index, "delta": delta, "logprobs": self.logprobs(piece.chunk.logprobs), "finish_reason": finish}
+        extra: dict[str, Any] = {}
+        if finish and self.full_text:
+            extra["full_text"] = choice.text
+        if finish and not self.include_usage():
+            extra["usage"] = _usage([choice])
+        return [self.envelope(self.object_chunk, [out], **extra)]
+
+    def logprobs(self, tokens) -> dict | None:
+        if not self.body.logprobs:
+            return None
+
+        def entry(token: str, logprob: float) -> dict:
+            return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+        return {
+            "content": [
+                {**entry(t.token, t.logprob), "top_logprobs": [entry(tok, lp) for tok, lp in t.top]} for t in tokens
+            ]
+        }
+
+    def whole(self, choices: list[Choice]) -> dict:
+        out = []
+        for index, choice in enumerate(choices):
+            parser = self.new_parser()
+            content, _ = self.split(parser, choice.text, choice.finish_reason)
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if parser.tool_calls():
+                message = {"role": "assistant", "content": content or None, "tool_calls": parser.tool_calls()}
+            finish = self.finish_reason(choice.finish_reason, parser)
+            out.append(
+                {
+                    "index": index,
+                    "message": message,
+                    "logprobs": self.logprobs(choice.logprobs),
+                    "finish_reason": finish,
+                }
+            )
+        return self.envelope(self.object_whole, out, usage=_usage(choices), **self.timings(choices[0]))
+
+
+class CompletionRender(Render):
+    object_whole, object_chunk, prefix = "text_completion", "text_completion", "cmpl"
+
+    def __init__(self, body: CompletionRequest, settings: ShimSettings) -> None:
+        super().__init__(body, settings)
+        self.whole_only = bool(body.use_beam_search)
+        self.per = body.n or 1
+        # max_tokens 0 with echo: the prompt and its log-probabilities alone (how lm-eval scores a continuation);
+        # the engine generates one token, which no one sees
+        self.prompt_only = body.max_tokens == 0
+        self.offsets: dict[int, int] = {}  # per choice: where its next logprobs token starts in its text
+        self.echoed: set[int] = set()
+
+    def echo_of(self, index: int, prompt_text: str | None) -> str:
+        """The prompt of choice `index` as text; one given as token ids comes back as text from the engine."""
+        prompt = self.body.prompt[index // self.per]
+        return prompt if isinstance(prompt, str) else prompt_text or ""
+
+    def generated(self, text: str, tokens: list[TokenLogprob]) -> tuple[str, list[TokenLogprob]]:
+        return ("", []) if self.prompt_only else (text, tokens)
+
+    def events(self, index: int, piece: Piece, choice: Choice) -> list[dict]:
+        text, tokens = self.generated(piece.text, piece.chunk.logprobs)
+        if self.body.echo and index not in self.echoed:
+            self.echoed.add(index)
+            text, tokens = self.echo_of(index, piece.chunk.prompt_text) + text, piece.chunk.prompt_logprobs + tokens
+        if piece.finish_reason and self.body.suffix:
+            text += self.body.suffix
+        if self.full_text:
+            text = (self.echo_of(index, choice.prompt_text) if self.body.echo else "") + self.generated(
+                choice.text, []
+            )[0]
+        if not text and not piece.finish_reason:
+            return []
+        out = {
+            "index": index,
+            "text": text,
+            "logprobs": self.logprobs(index, tokens),
+            "finish_reason": self.finish_reason(piece.finish_reason) if piece.finish_reason else None,
+            "stop_reason": piece.stop,
+        }
+        extra = {"usage": self.usage([choice])} if piece.finish_reason and not self.include_usage() else {}
+        return [self.envelope(self.object_chunk, [out], **extra)]
+
+    def finish_reason(self, reason: str) -> str:
+        return "length" if self.prompt_only else OPENAI_FINISH[reason]
+
+    def usage(self, choices: list[Choice]) -> dict:
+        longest = max(choices, key=lambda c: len(c.batch_sizes))
+        counts = _usage(choices, len(self.body.prompt))
+        if self.prompt_only:
+            counts = {**counts, "completion_tokens": 0, "total_tokens": counts["prompt_tokens"]}
+        return {
+            **counts,
+            "batch_size": longest.batch_sizes,
+            "queue_wait_time": longest.queue_waits,
+        }
+
+    def logprobs(self, index: int, tokens) -> dict | None:
+        if self.body.logprobs is None:
+            return None
+        offset = self.offsets.get(index, 0)  # with echo, the tokens start with the prompt's
+        offsets = []
+        for t in tokens:
+            offsets.append(offset)
+            offset += len(t.token)
+        self.offsets[index] = offset
+        return {
+            "text_offset": offsets,
+            "token_logprobs": [t.logprob for t in tokens],
+            "tokens": [t.token for t in tokens],
+            # the prompt's first token has no log-probability, nor alternatives
+            "top_logprobs": [None if t.logprob is None else dict(t.top) for t in tokens]
+            if self.body.logprobs
+            else None,
+        }
+
+    def whole(self, choices: list[Choice]) -> dict:
+        n, per_prompt = self.body.n or 1, len(choices) // len(self.body.prompt)
+        chosen = []
+        for p in range(len(self.body.prompt)):
+            group = choices[p * per_prompt : (p + 1) * per_prompt]
+            if per_prompt > n:  # best_of: the n with the highest cumulative log-probability
+                group = sorted(group, key=lambda c: -c.cum_logprob)[:n]
+            chosen += group
+        out = []
+        for index, choice in enumerate(chosen):
+            text, tokens = self.generated(choice.text, choice.logprobs)
+            if self.body.echo:
+                text, tokens = self.echo_of(index, choice.prompt_text) + text, choice.prompt_logprobs + tokens
+            out.append(
+                {
+                    "index": index,
+                    "text": text + (self.body.suffix or ""),
+                    "logprobs": self.logprobs(index, tokens),
+                    "finish_reason": self.finish_reason(choice.finish_reason),
+                    "stop_reason": choice.stop,
+                }
+            )
+        return self.envelope(self.object_whole, out, usage=self.usage(chosen), **self.timings(chosen[0]))
