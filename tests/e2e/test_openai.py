@@ -186,7 +186,8 @@ def test_client_disconnect_stops_the_generation(shim_url, triton):
         lines = r.iter_lines()
         for _ in range(3):
             next(lines)
-    assert wait_for(lambda: metric(triton, "tritonllm_requests_finished_total", cancelled) == before + 1)
+    # at least: another test's cancellation may be counted meanwhile; the freed blocks show it was this one
+    assert wait_for(lambda: metric(triton, "tritonllm_requests_finished_total", cancelled) >= before + 1)
     assert wait_for(lambda: metric(triton, "tritonllm_kv_blocks_used") == 0)
 
 
