@@ -477,10 +477,13 @@ def plot(results: dict[str, list[Result]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2 * len(results), figsize=(6 * 2 * len(results), 4), squeeze=False)
+    rows = (len(results) + 1) // 2  # two workloads a row: their throughput and latency side by side
+    fig, axes = plt.subplots(rows, 4, figsize=(24, 4.5 * rows), squeeze=False)
     for i, (workload, rs) in enumerate(results.items()):
-        labels = [textwrap.fill(r.case.replace("this project, ", ""), 22) for r in rs]
-        tput, lat = axes[0][2 * i], axes[0][2 * i + 1]
+        labels = [textwrap.fill(r.case.replace("this project, ", ""), 16) for r in rs]
+        tput, lat = axes[i // 2][2 * (i % 2)], axes[i // 2][2 * (i % 2) + 1]
+        for ax in (tput, lat):
+            ax.tick_params(axis="x", labelsize=7)
         tput.bar(labels, [r.tokens_per_s for r in rs], color="#4477aa")
         tput.set_title(f"{workload}: output tokens/s")
         for j, r in enumerate(rs):
