@@ -14,6 +14,7 @@ use the float32 GEMM, which is faster there even counting the dequantization.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,7 +128,7 @@ def quantize_from_gguf(model: torch.nn.Module, gguf_file: Path) -> int:
     # A tied output layer shares the embedding's tensor; the map names the embedding.
     by_weight = {id(module.weight): key for key, (module, _) in linears.items()}
     params = dict(model.named_parameters(remove_duplicate=False))
-    swapped, refused = 0, []
+    swapped, refused, other_formats = 0, [], Counter()
     for tensor in reader.tensors:
         hf_name = hf_names.get(tensor.name)
         key = hf_name if hf_name in linears else by_weight.get(id(params.get(hf_name)))
@@ -135,6 +136,8 @@ def quantize_from_gguf(model: torch.nn.Module, gguf_file: Path) -> int:
             continue
         blocks = from_gguf(tensor.tensor_type.name, tensor.data)
         if blocks is None:
+            if tensor.tensor_type.name not in ("F32", "F16", "BF16"):
+                other_formats[tensor.tensor_type.name] += 1
             continue
         module, name = linears[key]
         order = processor.process(np.arange(blocks.shape[0])[:, None], tensor.name).weights[:, 0]
@@ -145,6 +148,12 @@ def quantize_from_gguf(model: torch.nn.Module, gguf_file: Path) -> int:
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, QuantizedLinear(blocks, module.bias))
         swapped += 1
+    if other_formats:
+        log.warning(
+            "%d layers run dequantized: no kernel here reads their GGUF formats %s",
+            sum(other_formats.values()),
+            dict(other_formats),
+        )
     if refused:
         log.warning("%d layers keep float32 weights: their GGUF blocks do not match them (%s)", len(refused), refused)
     return swapped
