@@ -184,8 +184,11 @@ class TritonServer:
         """Copies the server's output to the log file (or this process's stdout) and notes the models' loads."""
         sink = open(self.log_file, "ab") if self.log_file else sys.stdout.buffer  # noqa: SIM115 - lives as long
         for line in stream:
-            sink.write(line)
-            sink.flush()
+            try:
+                sink.write(line)
+                sink.flush()
+            except (OSError, ValueError):  # the console went away: keep draining, or the server blocks on its pipe
+                pass
             self._loads.note(line.decode(errors="replace"))
         if self.log_file:
             sink.close()
