@@ -77,7 +77,7 @@ def launch_triton(model_dir: Path, log_dir: Path) -> TritonServer:
         env={MODEL_DIR_ENV: str(model_dir)},
         log_file=log_dir / "tritonserver.log",
     )
-    server.start()
+    server.start(timeout=600)  # a server that never gets ready fails the tests instead of stalling them
     return server
 
 
