@@ -67,10 +67,10 @@ def pytest_runtest_makereport(item, call):
             item.config.stash[_DEATH_REPORTED] = True
 
 
-def launch_triton(model_dir: Path, log_dir: Path) -> TritonServer:
+def launch_triton(model_dir: Path, log_dir: Path, repository: Path = REPOSITORY) -> TritonServer:
     """The real tritonserver on the model repository, serving `model_dir`, on free loopback ports."""
     server = TritonServer(
-        REPOSITORY,
+        repository,
         http_port=free_port(),
         grpc_port=free_port(),
         metrics_port=free_port(),

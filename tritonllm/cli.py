@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from .embedding import EMBEDDING_MODEL_DIR_ENV
-from .engine.config import OVERRIDES_ENV, EngineConfig
+from .engine.config import OVERRIDES_ENV, EngineConfig, kind_of
 from .runtime.model_config import MODEL_DIR_ENV, TOOL_CALL_PARSER_ENV
 from .tokenizer.tool_calls import FORMATS, resolve_format
 
@@ -180,7 +180,7 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     """One flag per engine setting (engine/config.py); a flag given overrides llm/config.pbtxt's parameter."""
     group = p.add_argument_group("engine settings (default: model_repository/llm/config.pbtxt's parameters)")
     for f in EngineConfig.settings():
-        flag, kind = "--" + f.name.replace("_", "-"), {"int": int, "float": float, "bool": bool, "str": str}[f.type]
+        flag, kind = "--" + f.name.replace("_", "-"), kind_of(f)
         text = f"{f.metadata['help']} (shipped: {f.default!r})"
         if kind is bool:
             group.add_argument(flag, dest=f"engine_{f.name}", action=argparse.BooleanOptionalAction, help=text)

@@ -79,8 +79,8 @@ class EngineConfig:
     @classmethod
     def from_parameters(cls, model_dir: str, values: Mapping[str, str], **extra) -> EngineConfig:
         """From text values by setting name (config.pbtxt's parameters; unknown names are someone else's)."""
-        given = {f.name: str(values[f.name]) for f in cls.settings() if str(values.get(f.name, "")).strip()}
-        return cls(model_dir, **{f.name: _parse(f, given[f.name]) for f in cls.settings() if f.name in given}, **extra)
+        given = {f: str(values.get(f.name, "")) for f in cls.settings()}
+        return cls(model_dir, **{f.name: _parse(f, text) for f, text in given.items() if text.strip()}, **extra)
 
     @property
     def enable_lora(self) -> bool:
@@ -108,8 +108,13 @@ def _help(name: str) -> str:
     return next(f.metadata["help"] for f in EngineConfig.settings() if f.name == name)
 
 
+def kind_of(setting) -> type:
+    """A setting's Python type (its annotation is a string here: `from __future__ import annotations`)."""
+    return {"int": int, "float": float, "bool": bool, "str": str}[str(setting.type)]
+
+
 def _parse(f, text: str):
-    kind = {"int": int, "float": float, "bool": bool, "str": str}[str(f.type)]
+    kind = kind_of(f)
     try:
         if kind is bool:
             return {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False}[

@@ -9,11 +9,13 @@ from pathlib import Path
 import torch
 
 from ..errors import RequestError
+from . import lora
 from .beam_search import BeamSearch
 from .block_manager import BlockManager
 from .config import DTYPE_BYTES, EngineConfig
 from .logits_processors import ends_with_any, ends_with_stop_word
 from .model_runner import ModelRunner, ModelShape
+from .paged_attention import KVCache
 from .sampler import Sampled, sample_one
 from .scheduler import ScheduledChunk, Scheduler
 from .sequence import FinishReason, Sequence
@@ -38,8 +40,10 @@ class LLMEngine:
 
         self.config = config
         shape = ModelShape.of(AutoConfig.from_pretrained(config.model_dir))
-        per_block = 2 * shape.num_layers * config.block_size * shape.num_kv_heads * shape.head_dim
-        num_blocks = config.kv_blocks(per_block * DTYPE_BYTES[config.dtype])
+        per_block = KVCache.block_bytes(
+            shape.num_layers, config.block_size, shape.num_kv_heads, shape.head_dim, DTYPE_BYTES[config.dtype]
+        )
+        num_blocks = config.kv_blocks(per_block)
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.runner = ModelRunner(
             Path(config.model_dir),
@@ -60,9 +64,7 @@ class LLMEngine:
     def add(self, seq: Sequence) -> None:
         self.validate(seq.prompt_ids, 0 if seq.prompt_table is None else len(seq.prompt_table))
         if seq.adapter is not None and self.runner.lora is None:
-            raise RequestError(
-                "lora_task_id", "lora_task_id: LoRA is not enabled on this model (parameter lora_cache_size)"
-            )
+            raise RequestError("lora_task_id", lora.UNAVAILABLE)
         p = seq.params
         if seq.grammar is not None and (p.beam_width > 1 or seq.draft_tokens):
             raise RequestError(

@@ -75,16 +75,16 @@ class ModelRunner:
                 f"cannot replace it ({type(e).__name__}: {e})"
             ) from e
         self.model.eval()
+        # the native kernels (quantized matmuls, decode attention) take float32 on CPU
+        native = self.device.type == "cpu" and self.dtype == torch.float32 and cpu_kernels.native() is not None
         self.quantized_layers = 0
-        if gguf_file is not None and self.device.type == "cpu" and self.dtype == torch.float32 and cpu_kernels.native():
+        if gguf_file is not None and native:
             self.quantized_layers = quantized_linear.quantize_from_gguf(self.model, gguf_file)
         if prepacked_linear.available(self.device, self.dtype):
             prepacked_linear.prepack(self.model)
         self.lora = lora.install(self.model) if enable_lora else None
         self.shape = ModelShape.of(self.model.config)
-        self.native_decode = (
-            self.device.type == "cpu" and self.dtype == torch.float32 and cpu_kernels.native() is not None
-        )
+        self.native_decode = native
         self.blocks = blocks
         self.cache = KVCache.allocate(
             self.shape.num_layers,

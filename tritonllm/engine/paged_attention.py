@@ -73,6 +73,11 @@ class KVCache:
             [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
         )
 
+    @staticmethod
+    def block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, itemsize: int) -> int:
+        """The memory one block takes across the layers, keys and values: what `allocate` lays out per block."""
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
+
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copies whole blocks, source to destination, in every layer."""
         source = torch.tensor([s for s, _ in pairs], device=self.key[0].device)

@@ -17,21 +17,19 @@ class ModelParameters:
     def __init__(self, args: dict) -> None:
         self.config = json.loads(args["model_config"])
         self.model_path = Path(args["model_repository"])  # this model's folder inside the repository
-        self._values = {k: v.get("string_value", "") for k, v in self.config.get("parameters", {}).items()}
+        given = {k: v.get("string_value", "") for k, v in self.config.get("parameters", {}).items()}
+        # set ones only: a `${...}` placeholder, as tensorrtllm_backend's templates leave them, is unset
+        self._values = {k: v for k, v in given.items() if v and not v.startswith("${")}
 
     def values(self) -> dict[str, str]:
-        """The parameters that are set (a `${...}` placeholder, as in tensorrtllm_backend's templates, is unset)."""
-        return {k: v for k, v in self._values.items() if v and not v.startswith("${")}
+        """The parameters that are set."""
+        return dict(self._values)
 
     def get(self, name: str, default: str) -> str:
-        value = self._values.get(name, "")
-        return value if value and not value.startswith("${") else default
+        return self._values.get(name, default)
 
     def int(self, name: str, default: int) -> int:
         return int(self.get(name, str(default)))
-
-    def float(self, name: str, default: float) -> float:
-        return float(self.get(name, str(default)))
 
     def bool(self, name: str, default: bool) -> bool:
         return self.get(name, str(default)).strip().lower() in ("1", "true", "yes", "on")

@@ -198,8 +198,8 @@ class TritonServer:
         told = started
         while timeout is None or time.monotonic() - started < timeout:
             if self.process is not None and self.process.poll() is not None:
-                failures = self._loads.failures()
-                code = self.process.returncode
+                failures, code = self._loads.failures(), self.process.returncode
+                self.stop()  # the stubs it started, and their shared memory
                 raise ServerError(f"tritonserver exited with code {code}{failures or self._log_hint()}")
             try:
                 with urllib.request.urlopen(f"{self.http_url}/v2/health/ready", timeout=2) as r:

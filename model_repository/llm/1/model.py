@@ -102,7 +102,7 @@ class TritonPythonModel:
                 raise RequestError("lora_task_id", "lora_weights and lora_config need a lora_task_id")
             return None
         if self.engine.runner.lora is None:
-            raise RequestError("lora_task_id", "LoRA is disabled on this model (parameter lora_cache_size is 0)")
+            raise RequestError("lora_task_id", lora.UNAVAILABLE)
         return lora.resolve(self.adapters, int(task_id), weights, config, self.engine.runner.model)
 
     def finalize(self) -> None:
