@@ -6,7 +6,7 @@ CLI := $(VENV)/bin/tritonllm
 MODELS ?= models
 PYTEST_ARGS ?=
 
-.PHONY: install clients system-deps model serve test test-slow bench bench-peers lint perf-analyzer clean
+.PHONY: install clients system-deps model serve test test-slow bench bench-peers lint configs perf-analyzer clean
 
 install: $(VENV)/.installed
 
@@ -84,6 +84,11 @@ bench-peers: install $(MODELS)/$(DEFAULT_MODEL)/config.json
 lint: install
 	$(VENV)/bin/ruff check tritonllm model_repository tests client bench
 	$(VENV)/bin/ruff format --check tritonllm model_repository tests client bench
+	$(PY) -m tritonllm.runtime.parameter_configs --check
+
+# The config and docs sections written from tritonllm/request_parameters.py
+configs: install
+	$(PY) -m tritonllm.runtime.parameter_configs
 
 perf-analyzer: install
 	$(CLI) perf-analyzer --version

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..request_parameters import DEFAULT_PRIORITY
 from .lora import Adapter
 from .sampling_params import SamplingParams
 
@@ -19,9 +20,6 @@ if TYPE_CHECKING:
     from .grammar import Grammar
 
 _next_seq_id = itertools.count()
-
-HIGHEST_PRIORITY, LOWEST_PRIORITY = 1, 5
-DEFAULT_PRIORITY = LOWEST_PRIORITY  # as the generate_stream spec
 
 
 class SequenceStatus(Enum):

@@ -21,7 +21,7 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from .. import errors
+from .. import errors, request_parameters
 from ..runtime import response_status
 
 ENSEMBLE = "ensemble"
@@ -29,6 +29,7 @@ LLM = "llm"
 PREPROCESSING = "preprocessing"
 POSTPROCESSING = "postprocessing"
 EMBEDDING = "embedding"
+NUMPY_TYPES = {"BOOL": bool, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32}
 FINISH_GRACE_S = 30.0  # how long an abandoned call may take to end after its stop before it is cancelled
 
 
@@ -47,7 +48,8 @@ class TritonUnavailable(Exception):
 
 @dataclass
 class GenerationRequest:
-    """One generation as the ensemble's tensors; None leaves a tensor out (the ensemble's default)."""
+    """One generation as the ensemble's tensors; None leaves a tensor out (the ensemble's default).
+    The fields that tritonllm/request_parameters.py declares go out under their declared names and types."""
 
     max_tokens: int
     max_tokens_must_fit: bool | None = None  # prompt + max_tokens beyond the context: an error, not a clamp
@@ -100,34 +102,19 @@ class GenerationRequest:
             tensors.append(("prompt_token_ids", "INT32", np.array([self.prompt_ids], dtype=np.int32)))
         else:
             tensors.append(("text_input", "BYTES", _bytes(self.text or "")))
-        beams = self.beam_width > 1
-        optional = [
-            ("temperature", "FP32", np.float32, self.temperature),
-            ("top_k", "INT32", np.int32, self.top_k),
-            ("top_p", "FP32", np.float32, self.top_p),
-            ("typical_p", "FP32", np.float32, self.typical_p),
-            ("random_seed", "UINT64", np.uint64, self.seed),
-            ("repetition_penalty", "FP32", np.float32, self.repetition_penalty),
-            ("presence_penalty", "FP32", np.float32, self.presence_penalty),
-            ("frequency_penalty", "FP32", np.float32, self.frequency_penalty),
-            ("watermark", "BOOL", bool, self.watermark),
-            ("include_stop_str_in_output", "BOOL", bool, self.include_stop_str_in_output),
-            ("skip_special_tokens", "BOOL", bool, self.skip_special_tokens),
-            ("ignore_eos", "BOOL", bool, self.ignore_eos),
-            ("use_raw_prompt", "BOOL", bool, self.use_raw_prompt),
-            ("truncate_prompt", "BOOL", bool, self.truncate_prompt),
-            ("max_tokens_must_fit", "BOOL", bool, self.max_tokens_must_fit),
-            ("num_return_sequences", "INT32", np.int32, self.num_samples if self.num_samples > 1 else None),
-            ("beam_width", "INT32", np.int32, self.beam_width if beams else None),
-            ("return_log_probs", "BOOL", bool, self.logprobs),
-            ("num_top_log_probs", "INT32", np.int32, self.top_logprobs or None),
-            ("return_prompt_log_probs", "BOOL", bool, self.prompt_logprobs),
-            ("priority", "INT32", np.int32, self.priority),
-            ("timeout_ms", "INT32", np.int32, self.timeout_ms),
+        declared = [(p.ensemble_name, p.wire, getattr(self, p.field)) for p in request_parameters.PARAMETERS if p.field]
+        tensors += [(name, wire, _scalar(wire, value)) for name, wire, value in declared if value is not None]
+        preprocessing = [
+            ("ignore_eos", self.ignore_eos),
+            ("use_raw_prompt", self.use_raw_prompt),
+            ("truncate_prompt", self.truncate_prompt),
+            ("max_tokens_must_fit", self.max_tokens_must_fit),
         ]
-        tensors += [
-            (name, dt, np.array([[value]], dtype=np_t)) for name, dt, np_t, value in optional if value is not None
-        ]
+        tensors += [(name, "BOOL", _scalar("BOOL", value)) for name, value in preprocessing if value is not None]
+        if self.num_samples > 1:
+            tensors.append(("num_return_sequences", "INT32", _scalar("INT32", self.num_samples)))
+        if self.beam_width > 1:
+            tensors.append(("beam_width", "INT32", _scalar("INT32", self.beam_width)))
         if self.stop_token_ids:
             tensors.append(("stop_token_ids", "INT32", np.array([self.stop_token_ids], dtype=np.int32)))
         if self.logit_bias:
@@ -262,6 +249,10 @@ def _prompt_log_probs(raw: bytes) -> dict:
     parsed = json.loads(raw)
     tokens = [TokenLogprob(t["token"], t["logprob"], [tuple(top) for top in t["top"]]) for t in parsed["tokens"]]
     return {"prompt_text": parsed["text"], "prompt_logprobs": tokens}
+
+
+def _scalar(wire: str, value) -> np.ndarray:
+    return _bytes(value) if wire == "BYTES" else np.array([[value]], dtype=NUMPY_TYPES[wire])
 
 
 def _bytes(text: str) -> np.ndarray:
