@@ -6,7 +6,7 @@ CLI := $(VENV)/bin/tritonllm
 MODELS ?= models
 PYTEST_ARGS ?=
 
-.PHONY: install clients system-deps model serve test test-slow bench bench-peers lint configs perf-analyzer clean
+.PHONY: install clients system-deps model serve test test-slow test-instances bench bench-peers lint configs perf-analyzer clean
 
 install: $(VENV)/.installed
 
@@ -66,6 +66,10 @@ test: install clients $(MODELS)/tiny/config.json $(MODELS)/$(DEFAULT_MODEL)/conf
 
 test-slow: install clients $(MODELS)/tiny/config.json
 	TRITONLLM_CLIENTS_VENV=$(CLIENTS_VENV) $(PY) -m pytest -m slow $(PYTEST_ARGS)
+
+# The integration suite, the cancellation storm included, on a tritonserver whose llm has two instances
+test-instances: install clients $(MODELS)/tiny/config.json
+	TRITONLLM_CLIENTS_VENV=$(CLIENTS_VENV) $(PY) -m pytest tests/integration -m "slow or not slow" --llm-instances 2
 
 # W1 side by side (transformers generate, generate_batch, decode ceiling, this engine in-process and via Triton).
 bench: install model

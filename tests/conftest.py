@@ -67,7 +67,15 @@ def pytest_runtest_makereport(item, call):
             item.config.stash[_DEATH_REPORTED] = True
 
 
-def launch_triton(model_dir: Path, log_dir: Path, repository: Path = REPOSITORY) -> TritonServer:
+def pytest_addoption(parser) -> None:
+    parser.addoption(
+        "--llm-instances", type=int, default=1, help="llm instances of the session's tritonserver (make test-instances)"
+    )
+
+
+def launch_triton(
+    model_dir: Path, log_dir: Path, repository: Path = REPOSITORY, llm_instances: int = 1
+) -> TritonServer:
     """The real tritonserver on the model repository, serving `model_dir`, on free loopback ports."""
     server = TritonServer(
         repository,
@@ -76,14 +84,16 @@ def launch_triton(model_dir: Path, log_dir: Path, repository: Path = REPOSITORY)
         metrics_port=free_port(),
         env={MODEL_DIR_ENV: str(model_dir)},
         log_file=log_dir / "tritonserver.log",
+        llm_instances=llm_instances,
     )
     server.start(timeout=600)  # a server that never gets ready fails the tests instead of stalling them
     return server
 
 
 @pytest.fixture(scope="session")
-def triton(tiny_model_dir, tmp_path_factory):
-    server = launch_triton(tiny_model_dir, tmp_path_factory.mktemp("triton"))
+def triton(tiny_model_dir, tmp_path_factory, pytestconfig):
+    instances = pytestconfig.getoption("--llm-instances")
+    server = launch_triton(tiny_model_dir, tmp_path_factory.mktemp("triton"), llm_instances=instances)
     yield server
     server.stop()
 

@@ -58,11 +58,22 @@ class Stream:
         self.client.close()
 
 
-def metric(server: TritonServer, name: str, labels: str = "") -> float:
+def metric(server: TritonServer, name: str, labels: str = "", instance: str | None = None) -> float:
+    """The metric summed over the llm's instances (each has its own `instance` label), or one instance's;
+    `labels`: others it must carry, as `reason="cancelled"`."""
+    return sum(value for _, value in metric_series(server, name, labels, instance))
+
+
+def metric_series(server: TritonServer, name: str, labels: str = "", instance: str | None = None) -> list:
+    """(instance, value) for each series of the metric that carries `labels` (and is `instance`'s)."""
     text = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
-    pattern = rf"^{re.escape(name)}{re.escape('{' + labels + '}') if labels else ''}\s+([0-9.e+-]+)$"
-    found = re.search(pattern, text, re.MULTILINE)
-    return float(found.group(1)) if found else 0.0
+    series = []
+    for found in re.finditer(rf"^{re.escape(name)}\{{(.*?)\}}\s+([0-9.e+-]+)$", text, re.MULTILINE):
+        label_text, value = found.groups()
+        where = re.search(r'instance="([^"]*)"', label_text)
+        if labels in label_text and (instance is None or (where and where.group(1) == instance)):
+            series.append((where.group(1) if where else None, float(value)))
+    return series
 
 
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:

@@ -80,7 +80,7 @@ def serve(args: argparse.Namespace) -> int:
     model_dir = gguf.hf_model_dir(given)
     tool_format = resolve_format(args.tool_call_parser, load_tokenizer(model_dir)).name
     _progress(f"tool calls in the {tool_format} format")
-    if not port_is_free(args.host, args.shim_port):
+    if not args.no_shim and not port_is_free(args.host, args.shim_port):
         _progress(f"shim port {args.shim_port} on {args.host} is in use; pick another with --shim-port")
         return 2
 
@@ -90,6 +90,8 @@ def serve(args: argparse.Namespace) -> int:
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
         host=args.host,
+        llm_instances=args.llm_instances,
+        exit_timeout_s=args.drain_seconds,
         env={MODEL_DIR_ENV: str(model_dir), TOOL_CALL_PARSER_ENV: tool_format, OVERRIDES_ENV: json.dumps(overrides)}
         | (
             {EMBEDDING_MODEL_DIR_ENV: str(Path(args.embedding_model_dir).resolve())} if args.embedding_model_dir else {}
@@ -102,6 +104,10 @@ def serve(args: argparse.Namespace) -> int:
     try:
         server.start(progress=lambda text: _progress(f"{text} (a first start also builds the native CPU kernels)"))
         _progress(f"tritonserver ready in {time.monotonic() - started:.1f}s")
+        if args.no_shim:
+            code = server.process.wait()
+            _progress(f"tritonserver exited with code {code}")
+            return 1
         settings = ShimSettings(
             triton_grpc_url=server.grpc_url,
             served_model_name=args.served_model_name or (given.stem if gguf.is_gguf(given) else given.name),
@@ -157,7 +163,33 @@ def _run_shim(settings, args: argparse.Namespace, port: int) -> None:
         log_level="warning",
         ssl_certfile=args.ssl_certfile,
         ssl_keyfile=args.ssl_keyfile,
+        timeout_graceful_shutdown=args.drain_seconds,
     )
+
+
+def drain(args: argparse.Namespace) -> int:
+    """Waits until the llm engines run and queue nothing (a pod's preStop hook for the tritonserver container,
+    so that it stops only once the shim's streams have ended); at most `--timeout` seconds."""
+    import re
+    import urllib.request
+
+    busy = re.compile(r"^tritonllm_requests_(?:running|waiting)\{[^}]*\}\s+([0-9.e+-]+)$", re.MULTILINE)
+    deadline = time.monotonic() + args.timeout
+    quiet_since = None
+    while time.monotonic() < deadline:
+        try:
+            text = urllib.request.urlopen(args.metrics_url, timeout=2).read().decode()
+        except OSError:
+            return 0  # the server is gone: nothing left to drain
+        if sum(float(v) for v in busy.findall(text)) == 0:
+            quiet_since = quiet_since or time.monotonic()
+            if time.monotonic() - quiet_since >= args.quiet_seconds:
+                return 0
+        else:
+            quiet_since = None
+        time.sleep(0.5)
+    _progress(f"requests still running after {args.timeout}s; stopping anyway")
+    return 1
 
 
 def perf_analyzer(args: list[str]) -> int:
@@ -167,6 +199,13 @@ def perf_analyzer(args: list[str]) -> int:
 
 
 def _add_access_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--drain-seconds",
+        type=int,
+        default=10,
+        metavar="S",
+        help="on SIGTERM or Ctrl-C, how long running requests may take to finish before the server exits",
+    )
     p.add_argument(
         "--api-key",
         default=os.environ.get(API_KEY_ENV) or None,
@@ -229,6 +268,19 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["auto", *FORMATS],
         help="how the model writes tool calls (default: detected from its chat template)",
     )
+    p.add_argument(
+        "--llm-instances",
+        type=int,
+        default=1,
+        metavar="N",
+        help="engines in the llm model, each a process with its own KV pool and a share of the cores; Triton "
+        "spreads requests over them (default 1; several suit a GPU each, or many cores)",
+    )
+    p.add_argument(
+        "--no-shim",
+        action="store_true",
+        help="tritonserver alone, for a shim that runs elsewhere (`tritonllm shim`: a second container of a pod)",
+    )
     _add_access_options(p)
     _add_engine_options(p)
     p.set_defaults(func=serve)
@@ -249,6 +301,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_access_options(p)
     p.set_defaults(func=shim)
+
+    p = sub.add_parser("drain", help="wait until the llm engines are idle (a pod's preStop hook)")
+    p.add_argument("--metrics-url", default="http://127.0.0.1:8002/metrics", help="tritonserver's metrics")
+    p.add_argument("--timeout", type=float, default=60.0, help="give up after so many seconds")
+    p.add_argument("--quiet-seconds", type=float, default=2.0, help="idle this long counts as drained")
+    p.set_defaults(func=drain)
 
     p = sub.add_parser("build-demo-model", help="write the deterministic demo models (tiny, small)")
     p.add_argument("--out", default=str(DEFAULT_MODELS))

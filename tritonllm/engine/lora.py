@@ -16,12 +16,16 @@ B @ A @ x is added as given (fold any alpha / r scaling into B). Module ids foll
 
 (0, the fused attn_qkv, has no counterpart in models with separate q/k/v projections and is refused.)
 Adapters are cached by task id, least recently used out first; a request may then send the task id alone.
+With several llm instances, each caches on its own, and the weights a request brought are also written to a
+folder the instances share, from which another instance unpacks them when a later request names the task id.
 """
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -50,9 +54,38 @@ class Adapter:
 
 
 class AdapterCache:
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, shared: Path | None = None) -> None:
+        """`shared`: a folder the model's instances share, holding the latest `capacity` adapters' tensors."""
         self.capacity = capacity
+        self.shared = shared
         self._adapters: OrderedDict[int, Adapter] = OrderedDict()
+        self._written: set[Path] = set()
+
+    def share(self, task_id: int, weights: np.ndarray, config: np.ndarray) -> None:
+        if self.shared is None:
+            return
+        self.shared.mkdir(parents=True, exist_ok=True)
+        path = self.shared / f"{task_id}.npz"
+        partial = path.with_suffix(f".{os.getpid()}.partial")
+        with open(partial, "wb") as f:
+            np.savez(f, weights=weights, config=config)
+        partial.replace(path)  # whole or not at all, for an instance reading it now
+        self._written.add(path)
+        for old in sorted(self.shared.glob("*.npz"), key=lambda p: p.stat().st_mtime)[: -self.capacity]:
+            old.unlink(missing_ok=True)
+
+    def shared_tensors(self, task_id: int) -> tuple[np.ndarray, np.ndarray] | None:
+        path = None if self.shared is None else self.shared / f"{task_id}.npz"
+        try:
+            with np.load(path) as stored:
+                return stored["weights"], stored["config"]
+        except (OSError, TypeError, KeyError, ValueError):
+            return None
+
+    def close(self) -> None:
+        """Removes the shared files this instance wrote."""
+        for path in self._written:
+            path.unlink(missing_ok=True)
 
     def get(self, task_id: int) -> Adapter | None:
         adapter = self._adapters.get(task_id)
@@ -79,8 +112,12 @@ def resolve(
     if weights is not None:
         adapter = parse_adapter(task_id, weights, config, model)
         cache.put(task_id, adapter)
+        cache.share(task_id, weights, config)
         return adapter
     adapter = cache.get(task_id)
+    if adapter is None and (stored := cache.shared_tensors(task_id)) is not None:
+        adapter = parse_adapter(task_id, *stored, model)
+        cache.put(task_id, adapter)
     if adapter is None:
         raise RequestError(
             "lora_task_id",

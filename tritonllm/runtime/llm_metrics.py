@@ -62,7 +62,9 @@ class EngineMetrics:
         "queue_time_seconds": ("From arrival to first scheduling", [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10]),
     }
 
-    def __init__(self) -> None:
+    def __init__(self, instance: str) -> None:
+        """`instance`: the model instance's name, the `instance` label of every metric (the instances of a
+        model share the server's metric families)."""
         # Every family is kept: a collected family makes later calls on its metrics fail.
         self.families = []
 
@@ -70,14 +72,14 @@ class EngineMetrics:
             self.families.append(pb_utils.MetricFamily(name=f"tritonllm_{name}", description=text, kind=kind))
             return self.families[-1]
 
-        kinds = pb_utils.MetricFamily
-        self.gauges = {n: family(n, t, kinds.GAUGE).Metric(labels={}) for n, t in self.GAUGES.items()}
-        self.counters = {n: family(n, t, kinds.COUNTER).Metric(labels={}) for n, t in self.COUNTERS.items()}
+        kinds, labels = pb_utils.MetricFamily, {"instance": instance}
+        self.gauges = {n: family(n, t, kinds.GAUGE).Metric(labels=labels) for n, t in self.GAUGES.items()}
+        self.counters = {n: family(n, t, kinds.COUNTER).Metric(labels=labels) for n, t in self.COUNTERS.items()}
         self.histograms = {
-            n: family(n, t, kinds.HISTOGRAM).Metric(labels={}, buckets=b) for n, (t, b) in self.HISTOGRAMS.items()
+            n: family(n, t, kinds.HISTOGRAM).Metric(labels=labels, buckets=b) for n, (t, b) in self.HISTOGRAMS.items()
         }
         finished = family("requests_finished_total", "Requests ended, by finish reason", kinds.COUNTER)
-        self.finished_by_reason = {r: finished.Metric(labels={"reason": r.value}) for r in FinishReason}
+        self.finished_by_reason = {r: finished.Metric(labels={**labels, "reason": r.value}) for r in FinishReason}
         self.last: dict[str, float] = {}
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="llm-metrics", daemon=True)

@@ -21,6 +21,11 @@ class ModelParameters:
         # set ones only: a `${...}` placeholder, as tensorrtllm_backend's templates leave them, is unset
         self._values = {k: v for k, v in given.items() if v and not v.startswith("${")}
 
+    @property
+    def instance_count(self) -> int:
+        """The model's instances in this server (instance_group), each a process with its own engine."""
+        return sum(int(group.get("count", 1)) for group in self.config.get("instance_group", [])) or 1
+
     def values(self) -> dict[str, str]:
         """The parameters that are set."""
         return dict(self._values)

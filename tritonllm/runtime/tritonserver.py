@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import threading
 import time
 import urllib.request
@@ -126,11 +127,16 @@ class TritonServer:
     host: str = "127.0.0.1"
     env: dict[str, str] = field(default_factory=dict)
     log_file: Path | None = None
+    llm_instances: int = 1  # engines in the llm model (instance_group count), each with its own KV pool
+    # On stop, how long running requests may take to finish. In-flight ensemble requests cannot finish once
+    # shutdown refuses their next step, so the default does not wait long.
+    exit_timeout_s: int = 10
     process: subprocess.Popen | None = None
     # The stubs seen once the server was ready (pid -> shared-memory region): a crashed server's stubs are no
     # longer its children, and live on.
     _stubs: dict[int, str | None] = field(default_factory=dict, init=False, repr=False)
     _loads: ModelLoads = field(default_factory=ModelLoads, init=False, repr=False)
+    _staged: Path | None = field(default=None, init=False, repr=False)
 
     @property
     def http_url(self) -> str:
@@ -147,7 +153,7 @@ class TritonServer:
     def command(self) -> list[str]:
         return [
             str(server_binary()),
-            f"--model-repository={self.model_repository.resolve()}",
+            f"--model-repository={(self._staged or self.model_repository).resolve()}",
             f"--backend-directory={prepare_backends()}",
             f"--http-port={self.http_port}",
             f"--grpc-port={self.grpc_port}",
@@ -157,8 +163,7 @@ class TritonServer:
             f"--metrics-address={self.host}",
             "--allow-gpu-metrics=false",
             "--log-verbose=0",
-            # In-flight ensemble requests cannot finish once shutdown refuses their next step; do not wait long.
-            "--exit-timeout-secs=10",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
         ]
 
     def start(self, timeout: float | None = None, progress: Callable[[str], None] | None = None) -> None:
@@ -168,6 +173,8 @@ class TritonServer:
         busy = [p for p in (self.http_port, self.grpc_port, self.metrics_port) if not port_is_free(self.host, p)]
         if busy:
             raise ServerError(f"port(s) {busy} on {self.host} are in use; pick others (--http-port ...)")
+        if self.llm_instances != 1:
+            self._staged = stage_llm_instances(self.model_repository, self.llm_instances)
         self.process = subprocess.Popen(
             self.command(),
             env=server_env(self.env),
@@ -232,16 +239,19 @@ class TritonServer:
     def _log_hint(self) -> str:
         return f"; see {self.log_file}" if self.log_file else ""
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self, timeout: float | None = None) -> None:
         """Stops the server and every stub it started, then removes the shared memory they leave."""
         proc, self.process = self.process, None
+        if self._staged is not None:
+            shutil.rmtree(self._staged, ignore_errors=True)
+            self._staged = None
         if proc is None:
             return
         stubs = {**self._stubs, **{pid: _stub_shm_region(pid) for pid in _children(proc.pid)}}
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
             try:
-                proc.wait(timeout)
+                proc.wait(self.exit_timeout_s + 20 if timeout is None else timeout)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
@@ -262,6 +272,37 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def stage_llm_instances(repository: Path, count: int) -> Path:
+    """A copy of the model repository, made of links, whose llm runs `count` instances: Triton reads instance
+    counts only from config.pbtxt. The relative model_dir is made absolute, since it is read from the folder
+    that holds the repository."""
+    if count < 1:
+        raise ServerError(f"llm_instances must be >= 1, got {count}")
+    repository = repository.resolve()
+    staged = Path(tempfile.mkdtemp(prefix="tritonllm-repository-"))
+    for model in repository.iterdir():
+        (staged / model.name).symlink_to(model)
+    llm = staged / "llm"
+    llm.unlink()
+    llm.mkdir()
+    for entry in (repository / "llm").iterdir():
+        if entry.name != "config.pbtxt":
+            (llm / entry.name).symlink_to(entry)
+    config = (repository / "llm" / "config.pbtxt").read_text()
+    group = f"instance_group [ {{ count: {count}, kind: KIND_CPU }} ]"
+    config, found = re.subn(r"instance_group \[.*?\]", group, config)
+    if not found:
+        raise ServerError("llm/config.pbtxt has no instance_group to set")
+
+    def absolute(match: re.Match) -> str:
+        path = Path(match.group(2))
+        return match.group(1) + str(path if path.is_absolute() else repository.parent / path) + match.group(3)
+
+    config = re.sub(r'(key: "model_dir" value: \{ string_value: ")([^"]+)(")', absolute, config)
+    (llm / "config.pbtxt").write_text(config)
+    return staged
 
 
 def _children(pid: int) -> list[int]:

@@ -2,13 +2,17 @@
 
 `execute()` only validates and hands requests to the engine thread; responses are sent from that thread.
 A request with `stop` set cancels the live requests that carry the same Triton request id, which is how
-clients of the ensemble (into whose steps Triton forwards no cancellation) end a generation early.
+clients of the ensemble (into whose steps Triton forwards no cancellation) end a generation early. With several
+instances the stop may reach one that does not run the generation, so it is passed on to the others
+(tritonllm/runtime/stop_board.py).
 """
 
 from __future__ import annotations
 
+import os
 import time
 
+import torch
 import triton_python_backend_utils as pb_utils
 
 from tritonllm import errors
@@ -24,6 +28,7 @@ from tritonllm.runtime import gguf
 from tritonllm.runtime.llm_metrics import EngineMetrics
 from tritonllm.runtime.llm_responses import FINAL, Channel, Responder, ResponseQueue, SampleGroup
 from tritonllm.runtime.model_config import ModelParameters, load_tokenizer
+from tritonllm.runtime.stop_board import StopBoard, server_folder
 from tritonllm.runtime.stream_interval import StreamInterval
 
 
@@ -34,12 +39,17 @@ class TritonPythonModel:
         source = gguf.source_file(model_dir)
         values = {**params.values(), **environment_overrides()}
         config = EngineConfig.from_parameters(str(model_dir), values, gguf_file=str(source) if source else None)
+        if params.instance_count > 1:
+            # Each instance is a process with its own forward pass: they share the cores rather than each
+            # starting a thread per core and preempting one another inside every parallel region.
+            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // params.instance_count))
         self.engine = load_on_own_thread(lambda: LLMEngine(config))
         self.grammars = GrammarCompiler(load_tokenizer(model_dir))
         self.hidden_size = self.engine.runner.model.config.hidden_size
-        self.adapters = AdapterCache(config.lora_cache_size)
+        shared = server_folder(args["model_name"])
+        self.adapters = AdapterCache(config.lora_cache_size, shared / "lora")
         self.stream_interval = config.stream_interval
-        self.metrics = EngineMetrics()
+        self.metrics = EngineMetrics(args["model_instance_name"])
         self.responses = ResponseQueue()
         self.thread = EngineThread(
             self.engine,
@@ -48,6 +58,7 @@ class TritonPythonModel:
             nice=config.engine_nice,
         )
         self.thread.start()
+        self.stops = StopBoard(shared / "stops", args["model_instance_name"], self.thread.cancel)
 
     def execute(self, requests: list) -> None:
         vocab = self.engine.runner.shape.vocab_size
@@ -61,6 +72,7 @@ class TritonPythonModel:
             try:
                 if inference_request.is_stop_request(get):
                     self.thread.cancel(request.request_id())
+                    self.stops.tell(request.request_id())
                     sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=FINAL)
                     continue
                 parsed = inference_request.parse(get, vocab, request.timeout(), self.hidden_size)
@@ -106,6 +118,8 @@ class TritonPythonModel:
         return lora.resolve(self.adapters, int(task_id), weights, config, self.engine.runner.model)
 
     def finalize(self) -> None:
+        self.stops.close()
+        self.adapters.close()
         self.thread.shutdown()
         self.responses.close()
         self.metrics.close()

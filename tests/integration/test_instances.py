@@ -1,0 +1,94 @@
+"""Two llm instances in one tritonserver (`serve --llm-instances 2`): Triton spreads the requests over two
+engines, each with its own KV pool; a stop request reaches the engine that runs the generation, whichever
+instance Triton hands it to; each instance's metrics carry its name. `make test-instances` runs the whole
+integration suite, the cancellation storm included, on such a server."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from conftest import launch_triton
+from oracles import greedy_ids, merged, random_adapter
+from triton_helpers import Stream, metric, metric_series, tensor, wait_for
+
+from .test_triton import llm_inputs, send_stop
+
+INSTANCES = 2
+
+
+@pytest.fixture(scope="module")
+def triton(tiny_model_dir, tmp_path_factory):
+    """Overrides the session's server for this module's tests (and their `stream` fixture)."""
+    server = launch_triton(tiny_model_dir, tmp_path_factory.mktemp("instances"), llm_instances=INSTANCES)
+    yield server
+    server.stop()
+
+
+def instances_with(triton, name: str) -> set[str]:
+    return {instance for instance, value in metric_series(triton, name) if value > 0}
+
+
+def test_requests_spread_over_both_engines_and_each_equals_transformers(triton, hf_model):
+    prompts = [[3 + i, 17, 250 + 7 * i, 9, 41 + i] for i in range(12)]
+    expected = [greedy_ids(hf_model, ids, 12) for ids in prompts]
+
+    def generate(ids: list[int]) -> list[int]:
+        s = Stream(triton.grpc_url)
+        try:
+            s.send("llm", llm_inputs(ids, 12, streaming=False))
+            return s.until_final()[-1].as_numpy("output_ids").reshape(-1).tolist()
+        finally:
+            s.close()
+
+    with ThreadPoolExecutor(12) as pool:
+        assert list(pool.map(generate, prompts)) == expected
+    assert len(instances_with(triton, "tritonllm_generation_tokens_total")) == INSTANCES
+
+
+def test_stops_reach_the_instance_running_each_generation(triton, stream):
+    """Eight generations on two engines; each stop goes to whichever instance Triton picks."""
+    cancelled = 'reason="cancelled"'
+    assert wait_for(lambda: metric(triton, "tritonllm_requests_running") == 0)  # no gauge left from before
+    before = metric(triton, "tritonllm_requests_finished_total", cancelled)
+    streams = []
+    for i in range(8):
+        s = stream()
+        s.send("llm", llm_inputs([5 + i, 6, 7, 8], 1900, streaming=False), request_id=f"spread-{i}")
+        streams.append(s)
+    assert wait_for(lambda: metric(triton, "tritonllm_requests_running") == 8, timeout=30)
+    assert len(instances_with(triton, "tritonllm_requests_running")) == INSTANCES
+    for i in range(8):
+        send_stop(stream, f"spread-{i}")
+    for s in streams:
+        last = s.until_final()[-1]
+        assert last.as_numpy("finish_reason").item() == b"cancelled"
+    assert wait_for(lambda: metric(triton, "tritonllm_requests_finished_total", cancelled) == before + 8)
+    for instance, _ in metric_series(triton, "tritonllm_kv_blocks_used"):
+        assert wait_for(lambda i=instance: metric(triton, "tritonllm_kv_blocks_used", instance=i) == 0)
+
+
+def test_each_instance_reports_its_own_metrics(triton):
+    series = metric_series(triton, "tritonllm_kv_blocks_free")
+    assert len({instance for instance, _ in series}) == INSTANCES
+    assert all(value > 0 for _, value in series)
+
+
+def test_a_lora_adapter_sent_once_serves_its_task_id_on_every_instance(triton, hf_model):
+    weights, config, deltas = random_adapter(hf_model, 5)
+    prompt = [11, 250, 3000, 42, 7]
+    expected = greedy_ids(merged(hf_model, deltas), prompt, 8)
+    task = tensor("lora_task_id", [[91]], "UINT64")
+    first = [task, tensor("lora_weights", weights[None], "FP32"), tensor("lora_config", config[None], "INT32")]
+
+    def generate(lora: list) -> list[int]:
+        s = Stream(triton.grpc_url)
+        try:
+            s.send("llm", [*llm_inputs(prompt, 8, streaming=False), *lora])
+            return s.until_final()[-1].as_numpy("output_ids").reshape(-1).tolist()
+        finally:
+            s.close()
+
+    assert generate(first) == expected
+    with ThreadPoolExecutor(8) as pool:  # the task id alone, on whichever instance Triton picks
+        assert list(pool.map(generate, [[task]] * 8)) == [expected] * 8
