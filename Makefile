@@ -20,6 +20,8 @@ $(VENV)/.installed: pyproject.toml | system-deps
 	# torch first and pinned: the CPU wheel lies on the machine, any other build pulls CUDA packages.
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[test]'
+	# KServe's generated API types check deploy/kserve; its model server's dependencies are not wanted here.
+	$(PIP) install -q --no-deps kserve==0.21.0
 	touch $@
 
 # The real clients the tests drive (lm-eval, aiperf, genai-perf, schemathesis) need numpy 2, which the Python

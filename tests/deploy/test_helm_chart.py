@@ -1,0 +1,82 @@
+"""The Helm chart in deploy/helm/tritonllm, rendered by Helm's own engine (helm-python-sdk binds Helm's Go
+library) and each manifest validated against the Kubernetes API's schemas (kubernetes-validate, strict: an
+unknown field fails too)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+
+CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "tritonllm"
+KUBERNETES = "1.30.0"
+EVERYTHING_ON = {
+    "gpu": 2,
+    "engine": {"llmInstances": 2, "args": ["--dtype", "bfloat16", "--max-num-seqs", "128"]},
+    "autoscaling": {"enabled": True},
+    "model": {"persistentVolumeClaim": "models"},
+    "shim": {"apiKeySecret": "tritonllm-api-key"},
+    "nodeSelector": {"nvidia.com/gpu.present": "true"},
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+}
+
+
+def render(values: dict | None) -> dict[str, dict]:
+    """The chart's manifests by kind."""
+    chart = helm.Chart.load(CHART)
+    manifests = {}
+    for path, text in chart.render(values, name="demo", namespace="serving").items():
+        if path.endswith(".yaml"):
+            for manifest in yaml.safe_load_all(text):
+                if manifest:
+                    manifests[manifest["kind"]] = manifest
+    return manifests
+
+
+def test_the_chart_lints_clean():
+    report = helm.lint(CHART, strict=True, kube_version=f"v{KUBERNETES}")
+    errors = [m for m in report["messages"] if m["severity"] >= 2] + report["errors"]
+    assert not errors
+
+
+@pytest.mark.parametrize("values", [None, EVERYTHING_ON], ids=["defaults", "everything-on"])
+def test_every_manifest_is_valid_against_the_kubernetes_schemas(values):
+    manifests = render(values)
+    expected = {"Deployment", "Service", "PodDisruptionBudget"} | ({"HorizontalPodAutoscaler"} if values else set())
+    assert set(manifests) == expected
+    for manifest in manifests.values():
+        kubernetes_validate.validate(manifest, KUBERNETES, strict=True)
+
+
+def test_the_validator_refuses_what_kubernetes_would():
+    deployment = render(None)["Deployment"]
+    deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["paht"] = "/typo"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES, strict=True)
+
+
+def test_the_pod_runs_triton_and_the_shim_with_probes_drain_and_gpus():
+    manifests = render(EVERYTHING_ON)
+    pod = manifests["Deployment"]["spec"]["template"]["spec"]
+    triton, shim = pod["containers"]
+    assert triton["command"][:3] == ["tritonllm", "serve", "--no-shim"]
+    assert "--llm-instances=2" in triton["command"] and "bfloat16" in triton["command"]
+    assert triton["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert triton["lifecycle"]["preStop"]["exec"]["command"][:2] == ["tritonllm", "drain"]
+    assert triton["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert shim["command"][:2] == ["tritonllm", "shim"] and "--triton-grpc-url=127.0.0.1:8001" in shim["command"]
+    assert shim["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert pod["terminationGracePeriodSeconds"] > 60  # the drain fits inside it
+    assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == "models"
+    hpa = manifests["HorizontalPodAutoscaler"]["spec"]["metrics"][0]["pods"]
+    assert hpa["metric"]["name"] == "tritonllm_requests_waiting"  # the queue depth the engines export
+
+
+def test_without_a_volume_claim_an_init_container_fetches_the_default_model():
+    pod = render(None)["Deployment"]["spec"]["template"]["spec"]
+    assert pod["initContainers"][0]["name"] == "fetch-model"
+    assert "emptyDir" in pod["volumes"][0]
