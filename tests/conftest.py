@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
+from tritonllm.engine.config import OVERRIDES_ENV
 from tritonllm.runtime import gguf
 from tritonllm.runtime.model_config import MODEL_DIR_ENV
 from tritonllm.runtime.tritonserver import TritonServer, free_port
@@ -74,15 +76,16 @@ def pytest_addoption(parser) -> None:
 
 
 def launch_triton(
-    model_dir: Path, log_dir: Path, repository: Path = REPOSITORY, llm_instances: int = 1
+    model_dir: Path, log_dir: Path, repository: Path = REPOSITORY, llm_instances: int = 1, settings: dict | None = None
 ) -> TritonServer:
-    """The real tritonserver on the model repository, serving `model_dir`, on free loopback ports."""
+    """The real tritonserver on the model repository, serving `model_dir`, on free loopback ports; `settings`
+    override the llm's (as `serve`'s flags do)."""
     server = TritonServer(
         repository,
         http_port=free_port(),
         grpc_port=free_port(),
         metrics_port=free_port(),
-        env={MODEL_DIR_ENV: str(model_dir)},
+        env={MODEL_DIR_ENV: str(model_dir)} | ({OVERRIDES_ENV: json.dumps(settings)} if settings else {}),
         log_file=log_dir / "tritonserver.log",
         llm_instances=llm_instances,
     )

@@ -1,7 +1,11 @@
-"""Two llm instances in one tritonserver (`serve --llm-instances 2`): Triton spreads the requests over two
-engines, each with its own KV pool; a stop request reaches the engine that runs the generation, whichever
-instance Triton hands it to; each instance's metrics carry its name. `make test-instances` runs the whole
-integration suite, the cancellation storm included, on such a server."""
+"""Scaling out inside one tritonserver.
+
+Two llm instances (`serve --llm-instances 2`): Triton spreads the requests over two engines, each with its own
+KV pool; a stop request reaches the engine that runs the generation, whichever instance Triton hands it to;
+each instance's metrics carry its name; a LoRA adapter sent once serves its task id on both. `make
+test-instances` runs the whole integration suite, the cancellation storm included, on such a server.
+
+One llm split over two processes (`serve --tensor-parallel-size 2`): greedy output as transformers'."""
 
 from __future__ import annotations
 
@@ -92,3 +96,26 @@ def test_a_lora_adapter_sent_once_serves_its_task_id_on_every_instance(triton, h
     assert generate(first) == expected
     with ThreadPoolExecutor(8) as pool:  # the task id alone, on whichever instance Triton picks
         assert list(pool.map(generate, [[task]] * 8)) == [expected] * 8
+
+
+@pytest.fixture(scope="module")
+def split_triton(tiny_model_dir, tmp_path_factory):
+    settings = {"tensor_parallel_size": "2"}
+    server = launch_triton(tiny_model_dir, tmp_path_factory.mktemp("split"), settings=settings)
+    yield server
+    server.stop()
+
+
+def test_a_tensor_parallel_llm_through_triton_equals_transformers(split_triton, hf_model):
+    prompts = [[3 + i, 17, 250 + 7 * i, 9, 41 + i] * (1 + i) for i in range(4)]
+
+    def generate(ids: list[int]) -> list[int]:
+        s = Stream(split_triton.grpc_url)
+        try:
+            s.send("llm", llm_inputs(ids, 10, streaming=False))
+            return s.until_final()[-1].as_numpy("output_ids").reshape(-1).tolist()
+        finally:
+            s.close()
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(generate, prompts)) == [greedy_ids(hf_model, ids, 10) for ids in prompts]

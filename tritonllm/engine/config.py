@@ -43,6 +43,9 @@ class EngineConfig:
     quantized_weights: bool = setting(
         True, "a model served from a .gguf file keeps its Q8_0/Q4_0/Q4_1 weights quantized"
     )
+    tensor_parallel_size: int = setting(
+        1, "processes that split each layer's heads and MLP between them (torch.distributed: gloo on CPU, NCCL on GPUs)"
+    )
     lora_cache_size: int = setting(8, "LoRA adapters kept by task id, least recently used out first (0: no LoRA)")
     max_queue_size: int = setting(256, "requests waiting beyond this are refused at once as overloaded (0: no limit)")
     stream_interval: int = setting(1, "a streaming request gets a response every N new tokens")
@@ -60,6 +63,7 @@ class EngineConfig:
             "max_num_seqs": self.max_num_seqs >= 1,
             "max_num_batched_tokens": self.max_num_batched_tokens >= 1,
             "prefill_slowdown": self.prefill_slowdown == 0 or self.prefill_slowdown >= 1,
+            "tensor_parallel_size": self.tensor_parallel_size >= 1,
             "lora_cache_size": self.lora_cache_size >= 0,
             "max_queue_size": self.max_queue_size >= 0,
             "stream_interval": self.stream_interval >= 1,

@@ -52,6 +52,7 @@ class LLMEngine:
             config.device,
             config.enable_lora,
             Path(config.gguf_file) if config.gguf_file and config.quantized_weights else None,
+            config.tensor_parallel_size,
         )
         self.step_cost = StepCost(slowdown=config.prefill_slowdown)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens, self.step_cost)
@@ -96,6 +97,10 @@ class LLMEngine:
         for s in seq.beam.live if seq.beam is not None else [seq]:
             if not s.is_finished:
                 self.scheduler.finish(s, reason)
+
+    def close(self) -> None:
+        """Ends the other ranks of a tensor-parallel engine."""
+        self.runner.close()
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()

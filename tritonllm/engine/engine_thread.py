@@ -112,6 +112,7 @@ class EngineThread:
         self._inbox.put(("wake", None))
         self._thread.join(timeout)
         self._watcher.join(timeout)
+        self.engine.close()
 
     def _run(self) -> None:
         self._set_priority()

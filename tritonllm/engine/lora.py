@@ -33,7 +33,10 @@ import torch
 from ..errors import RequestError
 
 # why a request naming an adapter is refused when install() wrapped nothing or was not asked to
-UNAVAILABLE = "LoRA is not available on this model: lora_cache_size is 0, or no layer has the modules LoRA names"
+UNAVAILABLE = (
+    "LoRA is not available on this model: lora_cache_size is 0, tensor_parallel_size is above 1, "
+    "or no layer has the modules LoRA names"
+)
 
 MODULES = {
     1: "self_attn.q_proj",

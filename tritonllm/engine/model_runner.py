@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from . import cpu_kernels, lora, model_check, prepacked_linear, quantized_linear
+from . import cpu_kernels, lora, model_check, prepacked_linear, quantized_linear, tensor_parallel
 from .block_manager import BlockManager
 from .paged_attention import ATTN_IMPLEMENTATION, AttentionGroup, KVCache, LayerProbe, PaddedQueries, PagedBatch
 from .scheduler import ScheduledChunk
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+log = logging.getLogger(__name__)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -48,6 +52,18 @@ class ModelShape:
         )
 
 
+@dataclass
+class Step:
+    """One forward pass's tensors, as every rank of a tensor-parallel engine runs it."""
+
+    inputs: dict[str, torch.Tensor]  # input_ids, or inputs_embeds
+    position_ids: torch.Tensor
+    slot_mapping: torch.Tensor
+    groups: list[AttentionGroup]
+    logits_to_keep: torch.Tensor
+    copies: list  # KV blocks to copy first (copy on write)
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -57,7 +73,11 @@ class ModelRunner:
         device: str = "auto",
         enable_lora: bool = False,
         gguf_file: Path | None = None,
+        tensor_parallel_size: int = 1,
+        place: tensor_parallel.Place | None = None,
     ):
+        """`place`: this process's rank, for ranks 1.. of a tensor-parallel engine (tensor_parallel.py); rank 0,
+        the engine's own process, gives `tensor_parallel_size` and starts the others."""
         from transformers import AutoConfig, AutoModelForCausalLM
 
         self.device = resolve_device(device)
@@ -77,25 +97,71 @@ class ModelRunner:
         self.model.eval()
         # the native kernels (quantized matmuls, decode attention) take float32 on CPU
         native = self.device.type == "cpu" and self.dtype == torch.float32 and cpu_kernels.native() is not None
+        world = place.world if place is not None else tensor_parallel_size
         self.quantized_layers = 0
-        if gguf_file is not None and native:
-            self.quantized_layers = quantized_linear.quantize_from_gguf(self.model, gguf_file)
-        if prepacked_linear.available(self.device, self.dtype):
-            prepacked_linear.prepack(self.model)
-        self.lora = lora.install(self.model) if enable_lora else None
+        self.lora = None
+        self.group: tensor_parallel.Group | None = None
+        if world > 1:
+            tensor_parallel.check(self.model, world)
+            if gguf_file is not None or enable_lora:
+                log.info("tensor_parallel_size=%d: the weights run dequantized, and LoRA is off", world)
+        else:
+            if gguf_file is not None and native:
+                self.quantized_layers = quantized_linear.quantize_from_gguf(self.model, gguf_file)
+            if prepacked_linear.available(self.device, self.dtype):
+                prepacked_linear.prepack(self.model)
+            self.lora = lora.install(self.model) if enable_lora else None
         self.shape = ModelShape.of(self.model.config)
         self.native_decode = native
         self.blocks = blocks
-        self.cache = KVCache.allocate(
+        if place is None:  # the engine's process checks the model whole, before any split
+            self.cache = self._allocate_cache()
+            model_check.check_against_eager(self)
+        if world > 1:
+            self._split(place or tensor_parallel.Place(0, world, 0), model_dir)
+
+    def _allocate_cache(self) -> KVCache:
+        return KVCache.allocate(
             self.shape.num_layers,
-            blocks.num_blocks,
-            blocks.block_size,
+            self.blocks.num_blocks,
+            self.blocks.block_size,
             self.shape.num_kv_heads,
             self.shape.head_dim,
             self.dtype,
             self.device,
         )
-        model_check.check_against_eager(self)
+
+    def _split(self, place: tensor_parallel.Place, model_dir: str | Path) -> None:
+        """Keeps this rank's share of the layers and of the KV cache; rank 0 starts the other ranks."""
+        tensor_parallel.shard(self.model, place)
+        if prepacked_linear.available(self.device, self.dtype):
+            prepacked_linear.prepack(self.model)
+        self.shape = dataclasses.replace(self.shape, num_kv_heads=self.shape.num_kv_heads // place.world)
+        self.cache = None  # the whole cache goes before this rank's share is allocated
+        self.cache = self._allocate_cache()
+        if place.rank:
+            self.group = tensor_parallel.Group(place, self.device)
+            return
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // place.world))
+        worker_args = [
+            f"--model-dir={model_dir}",
+            f"--dtype={next(k for k, v in _DTYPES.items() if v == self.dtype)}",
+            f"--device={self.device.type}",
+            f"--num-blocks={self.blocks.num_blocks}",
+            f"--block-size={self.blocks.block_size}",
+        ]
+        self.group = tensor_parallel.Group.start(place.world, self.device, worker_args)
+
+    def follow(self) -> None:
+        """Ranks 1..: runs the steps rank 0 sends until it ends the group."""
+        while (step := self.group.receive(self.device)) is not None:
+            self.run(step)
+        self.group.close()
+
+    def close(self) -> None:
+        if self.group is not None and self.group.place.rank == 0:
+            self.group.close()
+            self.group = None
 
     @torch.inference_mode()
     def forward(
@@ -107,9 +173,6 @@ class ModelRunner:
         carries; and, for sequences that want their prompt's logits, those of this chunk's prompt positions not
         recorded yet, by chunk index.
         """
-        if self.blocks.pending_copies:
-            self.cache.copy_blocks(self.blocks.pending_copies)
-            self.blocks.pending_copies = []
         input_ids, positions, slots, sample_rows = [], [], [], []
         context_rows: dict[int, list[int]] = {}
         for index, chunk in enumerate(chunks):
@@ -128,26 +191,39 @@ class ModelRunner:
                 sample_rows.extend(range(last, last + 1 + len(chunk.drafts)))
         dev = self.device
         keep = sample_rows + [r for rows in context_rows.values() for r in rows]
-        batch = PagedBatch(
-            cache=self.cache,
+        step = Step(
+            inputs=self._inputs(chunks, input_ids),
+            position_ids=torch.tensor([positions], device=dev),
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             groups=self._groups(chunks),
-            probe=probe,
-        )
-        self._assign_adapters(chunks)
-        out = self.model(
-            **self._inputs(chunks, input_ids),
-            position_ids=torch.tensor([positions], device=dev),
-            use_cache=False,
             logits_to_keep=torch.tensor(keep or [0], device=dev),
-            paged_batch=batch,
+            copies=self.blocks.pending_copies,
         )
-        logits = out.logits[0].float()
+        self.blocks.pending_copies = []
+        self._assign_adapters(chunks)
+        if self.group is not None:
+            self.group.send(step)
+        logits = self.run(step, probe)
         context, at = {}, len(sample_rows)
         for index, rows in context_rows.items():
             context[index] = logits[at : at + len(rows)]
             at += len(rows)
         return logits[: len(sample_rows)], context
+
+    @torch.inference_mode()
+    def run(self, step: Step, probe: LayerProbe | None = None) -> torch.Tensor:
+        """The step's forward pass: float32 logits of the rows it keeps."""
+        if step.copies:
+            self.cache.copy_blocks(step.copies)
+        batch = PagedBatch(cache=self.cache, slot_mapping=step.slot_mapping, groups=step.groups, probe=probe)
+        out = self.model(
+            **step.inputs,
+            position_ids=step.position_ids,
+            use_cache=False,
+            logits_to_keep=step.logits_to_keep,
+            paged_batch=batch,
+        )
+        return out.logits[0].float()
 
     def _assign_adapters(self, chunks: list[ScheduledChunk]) -> None:
         if self.lora is None:
