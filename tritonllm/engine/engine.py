@@ -14,7 +14,7 @@ from .beam_search import BeamSearch
 from .block_manager import BlockManager
 from .config import DTYPE_BYTES, EngineConfig
 from .logits_processors import ends_with_any, ends_with_stop_word
-from .model_runner import ModelRunner, ModelShape
+from .model_runner import ModelRunner, ModelShape, resolve_device, resolve_dtype_name
 from .paged_attention import KVCache
 from .sampler import Sampled, sample_one
 from .scheduler import ScheduledChunk, Scheduler
@@ -40,15 +40,16 @@ class LLMEngine:
 
         self.config = config
         shape = ModelShape.of(AutoConfig.from_pretrained(config.model_dir))
+        dtype = resolve_dtype_name(config.dtype, resolve_device(config.device))
         per_block = KVCache.block_bytes(
-            shape.num_layers, config.block_size, shape.num_kv_heads, shape.head_dim, DTYPE_BYTES[config.dtype]
+            shape.num_layers, config.block_size, shape.num_kv_heads, shape.head_dim, DTYPE_BYTES[dtype]
         )
         num_blocks = config.kv_blocks(per_block)
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.runner = ModelRunner(
             Path(config.model_dir),
             self.blocks,
-            config.dtype,
+            dtype,
             config.device,
             config.enable_lora,
             Path(config.gguf_file) if config.gguf_file and config.quantized_weights else None,
@@ -245,7 +246,8 @@ class LLMEngine:
         if not p.return_prompt_log_probs or not predicted:
             return
         logprobs = torch.log_softmax(rows[: len(predicted)], -1)
-        seq.prompt_logprobs += logprobs[torch.arange(len(predicted)), torch.tensor(predicted)].tolist()
+        predicted_ids = torch.tensor(predicted, device=logprobs.device)
+        seq.prompt_logprobs += logprobs[torch.arange(len(predicted)), predicted_ids].tolist()
         if p.top_log_probs:
             top = torch.topk(logprobs, p.top_log_probs)
             seq.prompt_top_logprobs += list(zip(top.indices.tolist(), top.values.tolist(), strict=True))

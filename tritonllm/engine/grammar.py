@@ -94,8 +94,8 @@ class Grammar:
         """A copy of `logits` [vocab] with the tokens the grammar forbids at -inf."""
         llguidance.numpy.fill_next_token_bitmask(self.matcher, self._bitmask, 0)
         allowed = np.unpackbits(self._bitmask[0].view(np.uint8), bitorder="little")[: self.vocab_size]
-        keep = torch.zeros(len(logits), dtype=torch.bool)
-        keep[: self.vocab_size] = torch.from_numpy(allowed.astype(bool))
+        keep = torch.zeros(len(logits), dtype=torch.bool, device=logits.device)
+        keep[: self.vocab_size] = torch.from_numpy(allowed.astype(bool)).to(logits.device)
         return logits.masked_fill(~keep, float("-inf"))
 
     def advance(self, token: int) -> None:

@@ -21,10 +21,10 @@ def process(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
         return logits
     logits = logits.clone()
     vocab = logits.shape[0]
-    tokens = torch.tensor(seq.token_ids, dtype=torch.long)
+    tokens = torch.tensor(seq.token_ids, dtype=torch.long, device=logits.device)
     tokens = tokens[tokens < vocab]  # p-tuning's virtual prompt ids have no logits
     if p.embedding_bias is not None:
-        logits += p.embedding_bias
+        logits += p.embedding_bias.to(logits.device)
     if p.repetition_penalty != 1.0:
         seen = logits[tokens]
         logits[tokens] = torch.where(seen < 0, seen * p.repetition_penalty, seen / p.repetition_penalty)

@@ -26,6 +26,15 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def resolve_dtype_name(name: str, device: torch.device) -> str:
+    """'auto': float32 on CPU (the native kernels' type), bfloat16 on GPUs that have it, else float16."""
+    if name != "auto":
+        return name
+    if device.type != "cuda":
+        return "float32"
+    return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+
+
 def resolve_dtype(name: str) -> torch.dtype:
     if name not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {name!r}")

@@ -113,7 +113,7 @@ def _finite(logits: torch.Tensor) -> torch.Tensor:
 
 
 def _draw(probs: torch.Tensor, seq: Sequence) -> int:
-    return int(torch.multinomial(probs, 1, generator=seq.generator))
+    return int(torch.multinomial(probs, 1, generator=seq.random_stream(probs.device)))
 
 
 def _speculative(probs: torch.Tensor, seq: Sequence, draft: int) -> int:
@@ -123,7 +123,7 @@ def _speculative(probs: torch.Tensor, seq: Sequence, draft: int) -> int:
         q = torch.zeros_like(probs)
         q[draft] = 1.0
     accept = min(1.0, float(probs[draft]) / max(float(q[draft]), 1e-20))
-    if float(torch.rand(1, generator=seq.generator)) < accept:
+    if float(torch.rand(1, generator=seq.random_stream(probs.device), device=probs.device)) < accept:
         return draft
     residual = (probs - q).clamp(min=0)
     return _draw(residual / residual.sum() if residual.sum() > 0 else probs, seq)

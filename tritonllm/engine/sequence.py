@@ -80,13 +80,17 @@ class Sequence:
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_ids)
-        if not self.params.greedy:
-            # Each sequence owns its random stream, so its samples do not depend on what else is batched.
-            self.generator = torch.Generator()
+
+    def random_stream(self, device: torch.device) -> torch.Generator:
+        """This sequence's own random stream, on the device its logits are on: its samples do not depend on what
+        else is batched. Made at the first draw, seeded from params.seed (else from the OS)."""
+        if self.generator is None:
+            self.generator = torch.Generator(device)
             if self.params.seed is None:
                 self.generator.seed()
             else:
                 self.generator.manual_seed(self.params.seed)
+        return self.generator
 
     @property
     def num_prompt_tokens(self) -> int:

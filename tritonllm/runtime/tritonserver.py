@@ -291,7 +291,7 @@ def stage_llm_instances(repository: Path, count: int) -> Path:
         if entry.name != "config.pbtxt":
             (llm / entry.name).symlink_to(entry)
     config = (repository / "llm" / "config.pbtxt").read_text()
-    group = f"instance_group [ {{ count: {count}, kind: KIND_CPU }} ]"
+    group = f"instance_group [ {{ count: {count}, kind: KIND_AUTO }} ]"
     config, found = re.subn(r"instance_group \[.*?\]", group, config)
     if not found:
         raise ServerError("llm/config.pbtxt has no instance_group to set")

@@ -9,6 +9,7 @@ instances the stop may reach one that does not run the generation, so it is pass
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -39,6 +40,8 @@ class TritonPythonModel:
         source = gguf.source_file(model_dir)
         values = {**params.values(), **environment_overrides()}
         config = EngineConfig.from_parameters(str(model_dir), values, gguf_file=str(source) if source else None)
+        if args.get("model_instance_kind") == "GPU" and config.device == "auto":
+            config = dataclasses.replace(config, device=f"cuda:{args['model_instance_device_id']}")
         if params.instance_count > 1:
             # Each instance is a process with its own forward pass: they share the cores rather than each
             # starting a thread per core and preempting one another inside every parallel region.
