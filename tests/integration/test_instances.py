@@ -29,6 +29,16 @@ def triton(tiny_model_dir, tmp_path_factory):
     server.stop()
 
 
+def generate(server, ids: list[int], max_tokens: int, extra: list | None = None) -> list[int]:
+    """One non-streamed request to `llm` on a stream of its own (concurrent calls go out together)."""
+    s = Stream(server.grpc_url)
+    try:
+        s.send("llm", [*llm_inputs(ids, max_tokens, streaming=False), *(extra or [])])
+        return s.until_final()[-1].as_numpy("output_ids").reshape(-1).tolist()
+    finally:
+        s.close()
+
+
 def instances_with(triton, name: str) -> set[str]:
     return {instance for instance, value in metric_series(triton, name) if value > 0}
 
@@ -36,17 +46,8 @@ def instances_with(triton, name: str) -> set[str]:
 def test_requests_spread_over_both_engines_and_each_equals_transformers(triton, hf_model):
     prompts = [[3 + i, 17, 250 + 7 * i, 9, 41 + i] for i in range(12)]
     expected = [greedy_ids(hf_model, ids, 12) for ids in prompts]
-
-    def generate(ids: list[int]) -> list[int]:
-        s = Stream(triton.grpc_url)
-        try:
-            s.send("llm", llm_inputs(ids, 12, streaming=False))
-            return s.until_final()[-1].as_numpy("output_ids").reshape(-1).tolist()
-        finally:
-            s.close()
-
     with ThreadPoolExecutor(12) as pool:
-        assert list(pool.map(generate, prompts)) == expected
+        assert list(pool.map(lambda ids: generate(triton, ids, 12), prompts)) == expected
     assert len(instances_with(triton, "tritonllm_generation_tokens_total")) == INSTANCES
 
 
@@ -84,18 +85,9 @@ def test_a_lora_adapter_sent_once_serves_its_task_id_on_every_instance(triton, h
     expected = greedy_ids(merged(hf_model, deltas), prompt, 8)
     task = tensor("lora_task_id", [[91]], "UINT64")
     first = [task, tensor("lora_weights", weights[None], "FP32"), tensor("lora_config", config[None], "INT32")]
-
-    def generate(lora: list) -> list[int]:
-        s = Stream(triton.grpc_url)
-        try:
-            s.send("llm", [*llm_inputs(prompt, 8, streaming=False), *lora])
-            return s.until_final()[-1].as_numpy("output_ids").reshape(-1).tolist()
-        finally:
-            s.close()
-
-    assert generate(first) == expected
+    assert generate(triton, prompt, 8, first) == expected
     with ThreadPoolExecutor(8) as pool:  # the task id alone, on whichever instance Triton picks
-        assert list(pool.map(generate, [[task]] * 8)) == [expected] * 8
+        assert list(pool.map(lambda _: generate(triton, prompt, 8, [task]), range(8))) == [expected] * 8
 
 
 @pytest.fixture(scope="module")
@@ -108,14 +100,6 @@ def split_triton(tiny_model_dir, tmp_path_factory):
 
 def test_a_tensor_parallel_llm_through_triton_equals_transformers(split_triton, hf_model):
     prompts = [[3 + i, 17, 250 + 7 * i, 9, 41 + i] * (1 + i) for i in range(4)]
-
-    def generate(ids: list[int]) -> list[int]:
-        s = Stream(split_triton.grpc_url)
-        try:
-            s.send("llm", llm_inputs(ids, 10, streaming=False))
-            return s.until_final()[-1].as_numpy("output_ids").reshape(-1).tolist()
-        finally:
-            s.close()
-
     with ThreadPoolExecutor(4) as pool:
-        assert list(pool.map(generate, prompts)) == [greedy_ids(hf_model, ids, 10) for ids in prompts]
+        outputs = list(pool.map(lambda ids: generate(split_triton, ids, 10), prompts))
+    assert outputs == [greedy_ids(hf_model, ids, 10) for ids in prompts]
