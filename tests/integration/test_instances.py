@@ -16,6 +16,8 @@ from conftest import launch_triton
 from oracles import greedy_ids, merged, random_adapter
 from triton_helpers import Stream, metric, metric_series, tensor, wait_for
 
+from tritonllm.cli import build_parser
+
 from .test_triton import llm_inputs, send_stop
 
 INSTANCES = 2
@@ -103,3 +105,17 @@ def test_a_tensor_parallel_llm_through_triton_equals_transformers(split_triton, 
     with ThreadPoolExecutor(4) as pool:
         outputs = list(pool.map(lambda ids: generate(split_triton, ids, 10), prompts))
     assert outputs == [greedy_ids(hf_model, ids, 10) for ids in prompts]
+
+
+def test_drain_waits_while_an_engine_runs_and_returns_once_both_are_idle(triton, stream):
+    """`tritonllm drain`, the pod's preStop hook: tritonserver must outlive the streams it still serves."""
+    drain = build_parser().parse_args(["drain", "--metrics-url", triton.metrics_url, "--quiet-seconds", "0.5"])
+    s = stream()
+    s.send("llm", llm_inputs([5, 6, 7, 8], 1900, streaming=False), request_id="draining")
+    assert wait_for(lambda: metric(triton, "tritonllm_requests_running") == 1)
+    drain.timeout = 1.0
+    assert drain.func(drain) == 1  # still running when the time is up
+    send_stop(stream, "draining")
+    s.until_final()
+    drain.timeout = 30.0
+    assert drain.func(drain) == 0
