@@ -1,7 +1,9 @@
-"""Two replicas, each a whole `tritonllm serve` (tritonserver and shim) on ports of its own, behind a
-round-robin client, as two pods behind a Service. One replica is killed outright mid-load: the requests it was
-streaming fail at once with a connection error, every request on the other replica completes, and the client's
-next requests all go to the replica that lives."""
+"""Two replicas on ports of their own behind a round-robin client, as two pods behind a Service: one a whole
+`tritonllm serve`, the other laid out as the Helm chart's pod (`serve --no-shim` plus `tritonllm shim`).
+
+The second is killed outright mid-load: the requests it was streaming fail at once with a connection error,
+every request on the first completes, and the client's next requests all go to the one that lives. Then the
+first gets SIGTERM mid-load, as a pod being replaced does: it finishes its streams before it exits."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ MAX_TOKENS = 400  # long enough to be streaming when the kill comes
 @dataclass
 class Replica:
     name: str
-    process: subprocess.Popen
+    started: list[subprocess.Popen]  # serve, or serve --no-shim and the shim
     shim_port: int
     metrics_port: int
 
@@ -37,7 +39,7 @@ class Replica:
 
     def processes(self) -> list[int]:
         """serve, its tritonserver and the tritonserver's stubs: everything a pod kill ends."""
-        found, queue = [], [self.process.pid]
+        found, queue = [], [p.pid for p in self.started]
         while queue:
             pid = queue.pop()
             found.append(pid)
@@ -57,7 +59,8 @@ class Replica:
                 os.kill(pid, signal.SIGKILL)
             except (OSError, ProcessLookupError):
                 pass
-        self.process.wait(10)
+        for process in self.started:
+            process.wait(10)
         for region in regions:
             Path("/dev/shm", region).unlink(missing_ok=True)
 
@@ -67,26 +70,26 @@ class Replica:
         return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
 
 
-def start_replica(name: str, log_dir: Path) -> Replica:
-    ports = [free_port() for _ in range(4)]
-    command = [
-        str(Path(sys.executable).parent / "tritonllm"),
-        "serve",
-        f"--model-dir={MODELS / 'tiny'}",
-        f"--http-port={ports[0]}",
-        f"--grpc-port={ports[1]}",
-        f"--metrics-port={ports[2]}",
-        f"--shim-port={ports[3]}",
-    ]
-    log = open(log_dir / f"{name}.log", "wb")  # noqa: SIM115 - the process writes it as long as it runs
-    process = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT)
-    return Replica(name, process, ports[3], ports[2])
+def start_replica(name: str, log_dir: Path, as_pod: bool = False) -> Replica:
+    http, grpc, metrics, shim = (free_port() for _ in range(4))
+    cli = str(Path(sys.executable).parent / "tritonllm")
+    serve = [cli, "serve", f"--model-dir={MODELS / 'tiny'}", f"--http-port={http}", f"--grpc-port={grpc}"]
+    serve += [f"--metrics-port={metrics}", f"--shim-port={shim}"]
+    commands = [serve]
+    if as_pod:
+        serve.append("--no-shim")
+        commands.append(
+            [cli, "shim", f"--triton-grpc-url=127.0.0.1:{grpc}", f"--port={shim}", "--served-model-name=tiny"]
+        )
+    log = open(log_dir / f"{name}.log", "wb")  # noqa: SIM115 - the processes write it as long as they run
+    started = [subprocess.Popen(c, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT) for c in commands]
+    return Replica(name, started, shim, metrics)
 
 
 def wait_ready(replica: Replica, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        assert replica.process.poll() is None, f"replica {replica.name} exited"
+        assert all(p.poll() is None for p in replica.started), f"replica {replica.name} exited"
         try:
             with urllib.request.urlopen(f"{replica.url}/models", timeout=2) as response:
                 if response.status == 200:
@@ -99,19 +102,21 @@ def wait_ready(replica: Replica, timeout: float = 600) -> None:
 
 @pytest.fixture
 def replicas(tmp_path):
-    started = [start_replica(name, tmp_path) for name in ("a", "b")]
+    replicas = [start_replica("a", tmp_path), start_replica("b", tmp_path, as_pod=True)]
     try:
-        for replica in started:
+        for replica in replicas:
             wait_ready(replica)
-        yield started
+        yield replicas
     finally:
-        for replica in started:
-            if replica.process.poll() is None:
-                replica.process.send_signal(signal.SIGINT)  # serve stops its tritonserver and stubs
-                try:
-                    replica.process.wait(60)
-                except subprocess.TimeoutExpired:
-                    replica.kill()
+        for replica in replicas:
+            for process in replica.started:
+                if process.poll() is None:
+                    process.send_signal(signal.SIGINT)  # serve stops its tritonserver and stubs
+            try:
+                for process in replica.started:
+                    process.wait(60)
+            except subprocess.TimeoutExpired:
+                replica.kill()
 
 
 class RoundRobin:
@@ -150,26 +155,37 @@ class RoundRobin:
             return name, e
 
 
-async def load_with_a_kill(replicas: list[Replica]) -> tuple[list, list]:
+async def streaming(router: RoundRobin, count: int) -> list[asyncio.Task]:
+    """`count` requests, returned once every one of them is streaming."""
+    events = [asyncio.Event() for _ in range(count)]
+    tasks = [asyncio.create_task(router.chat(f"request {i}", events[i])) for i in range(count)]
+    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 120)
+    return tasks
+
+
+async def load_with_a_kill_then_a_sigterm(replicas: list[Replica]) -> tuple[list, list, list]:
     router = RoundRobin(replicas)
-    events = [asyncio.Event() for _ in range(8)]
-    first = [asyncio.create_task(router.chat(f"request {i}", events[i])) for i in range(8)]
-    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 120)  # all eight are streaming
+    first = await streaming(router, 8)
     replicas[1].kill()
     during = await asyncio.wait_for(asyncio.gather(*first), 120)
     after = await asyncio.wait_for(asyncio.gather(*(router.chat(f"after {i}") for i in range(8))), 120)
-    return during, after
+    deadline = time.monotonic() + 30
+    while replicas[0].kv_blocks_used() and time.monotonic() < deadline:  # nothing else runs: a plain wait
+        time.sleep(0.2)
+    assert replicas[0].kv_blocks_used() == 0
+    last = await streaming(router, 4)
+    replicas[0].started[0].send_signal(signal.SIGTERM)  # a pod being replaced
+    drained = await asyncio.wait_for(asyncio.gather(*last), 120)
+    return during, after, drained
 
 
-def test_a_killed_replica_fails_only_its_own_streams_and_the_client_goes_on_with_the_other(replicas):
-    during, after = asyncio.run(load_with_a_kill(replicas))
+def test_a_killed_replica_fails_only_its_own_streams_and_a_stopped_one_finishes_its_own(replicas):
+    during, after, drained = asyncio.run(load_with_a_kill_then_a_sigterm(replicas))
     on_a = [outcome for name, outcome in during if name == "a"]
     on_b = [outcome for name, outcome in during if name == "b"]
     assert len(on_a) == len(on_b) == 4
     assert on_a == ["length"] * 4  # the survivor's streams ran to max_tokens
     assert all(isinstance(outcome, openai.APIConnectionError) for outcome in on_b)
     assert after == [("a", "length")] * 8
-    deadline = time.monotonic() + 30
-    while replicas[0].kv_blocks_used() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert replicas[0].kv_blocks_used() == 0
+    assert drained == [("a", "length")] * 4  # SIGTERM let the streams finish
+    assert replicas[0].started[0].wait(60) == 0
