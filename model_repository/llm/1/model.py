@@ -49,8 +49,8 @@ class TritonPythonModel:
         self.engine = load_on_own_thread(lambda: LLMEngine(config))
         self.grammars = GrammarCompiler(load_tokenizer(model_dir))
         self.hidden_size = self.engine.runner.model.config.hidden_size
-        shared = server_folder(args["model_name"])
-        self.adapters = AdapterCache(config.lora_cache_size, shared / "lora")
+        self.shared = server_folder(args["model_name"])
+        self.adapters = AdapterCache(config.lora_cache_size, self.shared / "lora")
         self.stream_interval = config.stream_interval
         self.metrics = EngineMetrics(args["model_instance_name"])
         self.responses = ResponseQueue()
@@ -61,7 +61,7 @@ class TritonPythonModel:
             nice=config.engine_nice,
         )
         self.thread.start()
-        self.stops = StopBoard(shared / "stops", args["model_instance_name"], self.thread.cancel)
+        self.stops = StopBoard(self.shared / "stops", args["model_instance_name"], self.thread.cancel)
 
     def execute(self, requests: list) -> None:
         vocab = self.engine.runner.shape.vocab_size
@@ -123,6 +123,11 @@ class TritonPythonModel:
     def finalize(self) -> None:
         self.stops.close()
         self.adapters.close()
+        for folder in (self.shared / "stops", self.shared / "lora", self.shared):
+            try:
+                folder.rmdir()  # the last instance to stop removes the server's folder
+            except OSError:
+                pass
         self.thread.shutdown()
         self.responses.close()
         self.metrics.close()
