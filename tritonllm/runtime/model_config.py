@@ -16,7 +16,10 @@ TOOL_CALL_PARSER_ENV = "TRITONLLM_TOOL_CALL_PARSER"  # overrides preprocessing's
 class ModelParameters:
     def __init__(self, args: dict) -> None:
         self.config = json.loads(args["model_config"])
-        self.model_path = Path(args["model_repository"])  # this model's folder inside the repository
+        # The folder that holds the repository, found through this model's version folder with its links followed:
+        # `serve --llm-instances` runs a staged repository made of links to the real one.
+        version = (Path(args["model_repository"]) / str(args.get("model_version", 1))).resolve()
+        self.repository_parent = version.parents[2]
         given = {k: v.get("string_value", "") for k, v in self.config.get("parameters", {}).items()}
         # set ones only: a `${...}` placeholder, as tensorrtllm_backend's templates leave them, is unset
         self._values = {k: v for k, v in given.items() if v and not v.startswith("${")}
@@ -58,7 +61,7 @@ class ModelParameters:
     def path(self, value: str) -> Path:
         """A path from the parameters; a relative one is taken from the folder that holds the model repository."""
         path = Path(value)
-        return path if path.is_absolute() else self.model_path.parent.parent / path
+        return path if path.is_absolute() else self.repository_parent / path
 
 
 def strings(array) -> list[str]:

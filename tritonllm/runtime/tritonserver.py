@@ -276,8 +276,8 @@ class TritonServer:
 
 def stage_llm_instances(repository: Path, count: int) -> Path:
     """A copy of the model repository, made of links, whose llm runs `count` instances: Triton reads instance
-    counts only from config.pbtxt. The relative model_dir is made absolute, since it is read from the folder
-    that holds the repository."""
+    counts only from config.pbtxt. (The models find the real repository through their version folders' links,
+    model_config.ModelParameters.)"""
     if count < 1:
         raise ServerError(f"llm_instances must be >= 1, got {count}")
     repository = repository.resolve()
@@ -295,12 +295,6 @@ def stage_llm_instances(repository: Path, count: int) -> Path:
     config, found = re.subn(r"instance_group \[.*?\]", group, config)
     if not found:
         raise ServerError("llm/config.pbtxt has no instance_group to set")
-
-    def absolute(match: re.Match) -> str:
-        path = Path(match.group(2))
-        return match.group(1) + str(path if path.is_absolute() else repository.parent / path) + match.group(3)
-
-    config = re.sub(r'(key: "model_dir" value: \{ string_value: ")([^"]+)(")', absolute, config)
     (llm / "config.pbtxt").write_text(config)
     return staged
 
