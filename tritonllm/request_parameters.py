@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .errors import RequestError
 
 UINT64_MAX = (1 << 64) - 1
@@ -149,16 +151,24 @@ BY_NAME = {p.name: p for p in PARAMETERS}
 TensorLookup = Callable[[str], Any]  # an input's numpy array by name, None when absent
 
 
+def scalar(get: TensorLookup, name: str, default=None):
+    """A one-value tensor's value (strings as bytes), `default` when the tensor is absent."""
+    array = get(name)
+    if array is None:
+        return default
+    if array.size != 1:
+        raise RequestError(name, f"{name} must hold exactly one value, got shape {list(array.shape)}")
+    value = array.reshape(-1)[0]
+    return value.item() if isinstance(value, np.generic) else value
+
+
 def read(get: TensorLookup, name: str) -> Any:
     """The request's value of a declared parameter, as a Python value of its type, checked against its rule;
     its default when the tensor is absent. Errors name the tensor."""
     parameter = BY_NAME[name]
-    array = get(name)
-    if array is None:
+    raw = scalar(get, name)
+    if raw is None:
         return parameter.default
-    if array.size != 1:
-        raise RequestError(name, f"{name} must hold exactly one value, got shape {list(array.shape)}")
-    raw = array.reshape(-1)[0]
     value = raw.decode() if isinstance(raw, bytes) else WIRE_TYPES[parameter.wire](raw)
     if not parameter.rule.holds(value):
         raise RequestError(name, f"{name} must be {parameter.rule.text}, got {value}")

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..errors import RequestError
-from ..request_parameters import EARLY_STOPPING, TensorLookup, read
+from ..request_parameters import EARLY_STOPPING, TensorLookup, read, scalar
 from ..tokenizer.word_lists import decode_word_list
 from .sampling_params import NO_END_ID, SamplingParams
 
@@ -34,16 +34,6 @@ class ParsedRequest:
     include_stop_words: bool  # false: a final stop word's tokens are left out of the response
     skip_special_tokens: bool  # handed on to the detokenizer
     stream_interval: int | None  # new tokens per streamed response; None: the model's stream_interval
-
-
-def scalar(get: TensorLookup, name: str, default=None):
-    array = get(name)
-    if array is None:
-        return default
-    if array.size != 1:
-        raise RequestError(name, f"{name} must hold exactly one value, got shape {list(array.shape)}")
-    value = array.reshape(-1)[0]
-    return value.item() if isinstance(value, np.generic) else value  # strings arrive as bytes
 
 
 def is_stop_request(get: TensorLookup) -> bool:
@@ -159,9 +149,10 @@ def _check(name: str, value, ok: bool, rule: str) -> None:
 
 def _either(get: TensorLookup, name: str, new_name: str) -> Any:
     """An input that TensorRT-LLM renamed (random_seed -> seed, min_length -> min_tokens): either name, not both."""
-    if get(name) is not None and get(new_name) is not None:
+    given = [n for n in (name, new_name) if get(n) is not None]
+    if len(given) == 2:
         raise RequestError(new_name, f"give {new_name} or {name}, not both")
-    return read(get, name if get(new_name) is None else new_name)
+    return read(get, given[0] if given else name)
 
 
 def _params(get: TensorLookup, vocab_size: int) -> SamplingParams:

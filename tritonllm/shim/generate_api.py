@@ -12,13 +12,12 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..request_parameters import INT32_MAX, UINT64_MAX
 from .errors import APIError, json_body
 from .generation import STOP_STRING, Piece, generate, primed, until_disconnected
 from .settings import ShimSettings
 from .triton_client import GenerationRequest
 
-UINT64_MAX = (1 << 64) - 1
-INT32_MAX = 2147483647
 MAX_TEXT_CHARS = 4 * 1024 * 1024
 SPEC_FINISH = {"end_id": "eos_token", STOP_STRING: "stop_sequence", "stop_words": "stop_sequence", "length": "length"}
 

@@ -7,12 +7,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..request_parameters import INT32_MAX, UINT64_MAX
 from ..tokenizer.tool_calls import ToolCallFormat
 from .errors import APIError
 from .triton_client import GenerationRequest
 
-UINT64_MAX = (1 << 64) - 1
-INT32_MAX = 2147483647
 MAX_TEXT_CHARS = 4 * 1024 * 1024  # the specs' limit on a request's text
 MAX_TOOLS = 32
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]

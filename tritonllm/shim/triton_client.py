@@ -252,7 +252,7 @@ def _prompt_log_probs(raw: bytes) -> dict:
 
 
 def _scalar(wire: str, value) -> np.ndarray:
-    return _bytes(value) if wire == "BYTES" else np.array([[value]], dtype=NUMPY_TYPES[wire])
+    return np.array([[value]], dtype=NUMPY_TYPES[wire])
 
 
 def _bytes(text: str) -> np.ndarray:
