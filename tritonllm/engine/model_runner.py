@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,7 +126,7 @@ class ModelRunner:
             self.cache = self._allocate_cache()
             model_check.check_against_eager(self)
         if world > 1:
-            self._split(place or tensor_parallel.Place(0, world, 0), model_dir)
+            self._split(place or tensor_parallel.Place(0, world, 0), model_dir, dtype)
 
     def _allocate_cache(self) -> KVCache:
         return KVCache.allocate(
@@ -140,7 +139,7 @@ class ModelRunner:
             self.device,
         )
 
-    def _split(self, place: tensor_parallel.Place, model_dir: str | Path) -> None:
+    def _split(self, place: tensor_parallel.Place, model_dir: str | Path, dtype: str) -> None:
         """Keeps this rank's share of the layers and of the KV cache; rank 0 starts the other ranks."""
         tensor_parallel.shard(self.model, place)
         if prepacked_linear.available(self.device, self.dtype):
@@ -151,10 +150,9 @@ class ModelRunner:
         if place.rank:
             self.group = tensor_parallel.Group(place, self.device)
             return
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // place.world))
         worker_args = [
             f"--model-dir={model_dir}",
-            f"--dtype={next(k for k, v in _DTYPES.items() if v == self.dtype)}",
+            f"--dtype={dtype}",
             f"--device={self.device.type}",
             f"--num-blocks={self.blocks.num_blocks}",
             f"--block-size={self.blocks.block_size}",

@@ -139,9 +139,10 @@ class Group:
 
     @classmethod
     def start(cls, world: int, device: torch.device, worker_args: list[str]) -> Group:
-        """Rank 0: starts the other ranks' processes and joins them."""
+        """Rank 0: starts the other ranks' processes, each with its share of the cores, and joins them."""
         place = Place(0, world, _free_port())
-        threads = str(max(1, len(os.sched_getaffinity(0)) // world))
+        threads = cores_per(world)
+        torch.set_num_threads(threads)
         workers = [
             subprocess.Popen(
                 [_python(), "-m", __name__, f"--rank={rank}", f"--world={world}", f"--port={place.port}"]
@@ -182,6 +183,12 @@ class Group:
                 except subprocess.TimeoutExpired:
                     worker.kill()
         dist.destroy_process_group()
+
+
+def cores_per(processes: int) -> int:
+    """Threads for one of `processes` that share this machine's cores: each forward pass keeps its own cores
+    rather than preempting the others inside every parallel region."""
+    return max(1, len(os.sched_getaffinity(0)) // processes)
 
 
 def _moved(value, device: torch.device):

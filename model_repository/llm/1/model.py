@@ -10,14 +10,13 @@ instances the stop may reach one that does not run the generation, so it is pass
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 
 import torch
 import triton_python_backend_utils as pb_utils
 
 from tritonllm import errors
-from tritonllm.engine import inference_request, lora
+from tritonllm.engine import inference_request, lora, tensor_parallel
 from tritonllm.engine.config import EngineConfig, environment_overrides
 from tritonllm.engine.engine import LLMEngine
 from tritonllm.engine.engine_thread import EngineThread, Submission, load_on_own_thread
@@ -42,10 +41,8 @@ class TritonPythonModel:
         config = EngineConfig.from_parameters(str(model_dir), values, gguf_file=str(source) if source else None)
         if args.get("model_instance_kind") == "GPU" and config.device == "auto":
             config = dataclasses.replace(config, device=f"cuda:{args['model_instance_device_id']}")
-        if params.instance_count > 1:
-            # Each instance is a process with its own forward pass: they share the cores rather than each
-            # starting a thread per core and preempting one another inside every parallel region.
-            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // params.instance_count))
+        if params.instance_count > 1:  # each instance is a process with a forward pass of its own
+            torch.set_num_threads(tensor_parallel.cores_per(params.instance_count))
         self.engine = load_on_own_thread(lambda: LLMEngine(config))
         self.grammars = GrammarCompiler(load_tokenizer(model_dir))
         self.hidden_size = self.engine.runner.model.config.hidden_size
