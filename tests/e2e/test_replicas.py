@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import openai
 import pytest
 from conftest import MODELS, PROJECT_ROOT
+from triton_helpers import metric, wait_for
 
 from tritonllm.runtime.tritonserver import free_port
 
@@ -64,10 +64,17 @@ class Replica:
         for region in regions:
             Path("/dev/shm", region).unlink(missing_ok=True)
 
-    def kv_blocks_used(self) -> float:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
-        lines = [line for line in text.splitlines() if line.startswith("tritonllm_kv_blocks_used{")]
-        return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+    @property
+    def metrics_url(self) -> str:  # as TritonServer's, for triton_helpers.metric
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def ready(self) -> bool:
+        assert all(p.poll() is None for p in self.started), f"replica {self.name} exited"
+        try:
+            with urllib.request.urlopen(f"{self.url}/models", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
 
 
 def start_replica(name: str, log_dir: Path, as_pod: bool = False) -> Replica:
@@ -86,26 +93,12 @@ def start_replica(name: str, log_dir: Path, as_pod: bool = False) -> Replica:
     return Replica(name, started, shim, metrics)
 
 
-def wait_ready(replica: Replica, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert all(p.poll() is None for p in replica.started), f"replica {replica.name} exited"
-        try:
-            with urllib.request.urlopen(f"{replica.url}/models", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"replica {replica.name} not ready after {timeout}s")
-
-
 @pytest.fixture
 def replicas(tmp_path):
     replicas = [start_replica("a", tmp_path), start_replica("b", tmp_path, as_pod=True)]
     try:
         for replica in replicas:
-            wait_ready(replica)
+            assert wait_for(replica.ready, timeout=600, interval=0.5), f"replica {replica.name} not ready"
         yield replicas
     finally:
         for replica in replicas:
@@ -169,10 +162,8 @@ async def load_with_a_kill_then_a_sigterm(replicas: list[Replica]) -> tuple[list
     replicas[1].kill()
     during = await asyncio.wait_for(asyncio.gather(*first), 120)
     after = await asyncio.wait_for(asyncio.gather(*(router.chat(f"after {i}") for i in range(8))), 120)
-    deadline = time.monotonic() + 30
-    while replicas[0].kv_blocks_used() and time.monotonic() < deadline:  # nothing else runs: a plain wait
-        time.sleep(0.2)
-    assert replicas[0].kv_blocks_used() == 0
+    # nothing else runs: a plain wait
+    assert wait_for(lambda: metric(replicas[0], "tritonllm_kv_blocks_used") == 0, timeout=30)
     last = await streaming(router, 4)
     replicas[0].started[0].send_signal(signal.SIGTERM)  # a pod being replaced
     drained = await asyncio.wait_for(asyncio.gather(*last), 120)
