@@ -38,8 +38,6 @@ DEFAULT_PRIORITY = LOWEST_PRIORITY  # as the generate_stream spec
 EARLY_STOPPING = {1: True, 0: False, -1: "never"}
 
 WIRE_TYPES = {"BOOL": bool, "INT32": int, "UINT64": int, "FP32": float, "BYTES": str}
-PBTXT_TYPES = {"BOOL": "TYPE_BOOL", "INT32": "TYPE_INT32", "UINT64": "TYPE_UINT64", "FP32": "TYPE_FP32"}
-PBTXT_TYPES["BYTES"] = "TYPE_STRING"
 
 
 @dataclass(frozen=True)

@@ -117,10 +117,6 @@ def _keep_rows(linear: nn.Linear, start: int, stop: int) -> None:
     linear.out_features = stop - start
 
 
-def local_kv_heads(num_kv_heads: int, world: int) -> int:
-    return num_kv_heads // world
-
-
 class Group:
     """The ranks of one engine, seen from any of them."""
 

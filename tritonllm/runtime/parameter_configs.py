@@ -13,7 +13,7 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
-from ..request_parameters import PARAMETERS, PBTXT_TYPES, Parameter
+from ..request_parameters import PARAMETERS, Parameter
 
 ROOT = Path(__file__).resolve().parents[2]
 BEGIN = "BEGIN generated from tritonllm/request_parameters.py: edit there, then run `make configs`"
@@ -21,7 +21,8 @@ END = "END generated"
 
 
 def _input(name: str, p: Parameter) -> str:
-    return f'{{ name: "{name}" data_type: {PBTXT_TYPES[p.wire]} dims: [ 1 ] optional: true }}'
+    pbtxt_type = "TYPE_STRING" if p.wire == "BYTES" else f"TYPE_{p.wire}"
+    return f'{{ name: "{name}" data_type: {pbtxt_type} dims: [ 1 ] optional: true }}'
 
 
 def _entries(entries: list[list[str]], indent: str) -> list[str]:
