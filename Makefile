@@ -6,7 +6,7 @@ CLI := $(VENV)/bin/tritonllm
 MODELS ?= models
 PYTEST_ARGS ?=
 
-.PHONY: install clients system-deps model serve test test-slow test-instances bench bench-peers lint configs perf-analyzer clean
+.PHONY: install kernels clients system-deps model serve test test-slow test-instances bench bench-peers lint configs perf-analyzer clean
 
 install: $(VENV)/.installed
 
@@ -22,6 +22,14 @@ $(VENV)/.installed: pyproject.toml | system-deps
 	$(PIP) install -q -e '.[test]'
 	# KServe's generated API types check deploy/kserve; its model server's dependencies are not wanted here.
 	$(PIP) install -q --no-deps kserve==0.21.0
+	touch $@
+
+# The engine's native CPU kernels, compiled for this machine's CPU here rather than inside a model's load.
+KERNEL_SOURCES := $(wildcard tritonllm/engine/kernels/*.cpp) tritonllm/engine/cpu_kernels.py
+kernels: $(VENV)/.kernels
+
+$(VENV)/.kernels: $(KERNEL_SOURCES) | install
+	$(CLI) build-kernels
 	touch $@
 
 # The real clients the tests drive (lm-eval, aiperf, genai-perf, schemathesis) need numpy 2, which the Python
@@ -60,21 +68,21 @@ $(MODELS)/%/config.json: | install
 
 model: $(MODELS)/$(DEFAULT_MODEL)/config.json $(MODELS)/tiny/config.json $(MODELS)/small/config.json
 
-serve: install $(MODELS)/$(DEFAULT_MODEL)/config.json
+serve: install kernels $(MODELS)/$(DEFAULT_MODEL)/config.json
 	$(CLI) serve
 
-test: install clients $(MODELS)/tiny/config.json $(MODELS)/$(DEFAULT_MODEL)/config.json
+test: install kernels clients $(MODELS)/tiny/config.json $(MODELS)/$(DEFAULT_MODEL)/config.json
 	TRITONLLM_CLIENTS_VENV=$(CLIENTS_VENV) $(PY) -m pytest $(PYTEST_ARGS)
 
-test-slow: install clients $(MODELS)/tiny/config.json
+test-slow: install kernels clients $(MODELS)/tiny/config.json
 	TRITONLLM_CLIENTS_VENV=$(CLIENTS_VENV) $(PY) -m pytest -m slow $(PYTEST_ARGS)
 
 # The integration suite, the cancellation storm included, on a tritonserver whose llm has two instances
-test-instances: install clients $(MODELS)/tiny/config.json
+test-instances: install kernels clients $(MODELS)/tiny/config.json
 	TRITONLLM_CLIENTS_VENV=$(CLIENTS_VENV) $(PY) -m pytest tests/integration -m "slow or not slow" --llm-instances 2
 
 # W1 side by side (transformers generate, generate_batch, decode ceiling, this engine in-process and via Triton).
-bench: install model
+bench: install kernels model
 	$(PIP) install -q -e '.[test,bench]'
 	$(PY) bench/run.py
 
@@ -82,7 +90,7 @@ bench: install model
 # from the sources the llama-cpp-python sdist vendors, cached in ~/.cache/tritonllm-peers. The variant is a
 # second server of ours without the prefill cap, so the cap's price stays measured.
 PEERS_ARGS ?= --variant prefill_slowdown=0
-bench-peers: install $(MODELS)/$(DEFAULT_MODEL)/config.json
+bench-peers: install kernels $(MODELS)/$(DEFAULT_MODEL)/config.json
 	command -v cmake >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++)
 	$(PIP) install -q -e '.[test,bench]'
 	$(PY) bench/peers.py $(PEERS_ARGS)

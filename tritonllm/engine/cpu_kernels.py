@@ -1,8 +1,9 @@
-"""The engine's native CPU kernels (see kernels/): decode attention read in place from the paged cache, and
-linear layers over GGUF's block-quantized weights.
+"""The engine's native CPU kernels (see kernels/): decode attention read in place from the paged cache, linear
+layers over float32 weights for decode-sized inputs, and over GGUF's block-quantized weights.
 
-Built with the machine's C++ compiler on first use (`native()`, when a model first needs them, not at import)
-and cached under `.cache/torch_extensions` (or $TORCH_EXTENSIONS_DIR). Where they cannot be built, `native()` is
+Built with the machine's C++ compiler by `make install` (`tritonllm build-kernels`) and cached under
+`.cache/torch_extensions` (or $TORCH_EXTENSIONS_DIR); a model's load then only loads them (or builds them, when
+the sources changed since). Where they cannot be built, `native()` is
 None: attention takes the pure-PyTorch path, which gives the same results more slowly, and quantized weights are
 dequantized at load.
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).parent / "kernels" / name for name in ("paged_decode_attention.cpp", "quantized_linear.cpp")]
+SOURCES = [Path(__file__).parent / "kernels" / name for name in ("paged_decode_attention.cpp", "dense_linear.cpp", "quantized_linear.cpp")]
 SOURCES.append(Path(__file__).parent / "kernels" / "module.cpp")
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "torch_extensions"
 DISABLE_ENV = "TRITONLLM_NO_NATIVE_KERNELS"
@@ -28,32 +29,37 @@ NAME = "tritonllm_cpu_kernels"
 
 @functools.cache
 def native():
-    """The built module (`paged_decode_attention`, `quantized_linear`, `dequantize`), or None."""
+    """The built module (`paged_decode_attention`, `dense_linear`, `quantized_linear`, `dequantize`), or None."""
     if os.environ.get(DISABLE_ENV):
         return None
     try:
-        import ninja
-        from torch.utils.cpp_extension import load
-
-        os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(CACHE))
-        build_dir = Path(os.environ["TORCH_EXTENSIONS_DIR"]) / NAME
-        build_dir.mkdir(parents=True, exist_ok=True)
-        with _exclusive(build_dir / "build.flock"), _path_first(ninja.BIN_DIR):
-            # torch's own lock file outlives a builder that was killed, and then every later load waits for it
-            # forever; whoever holds it also holds build.flock, which the kernel releases when its holder dies.
-            (build_dir / "lock").unlink(missing_ok=True)
-            module = load(
-                name=NAME,
-                sources=[str(source) for source in SOURCES],
-                extra_cflags=["-O3", "-march=native", "-fopenmp"],
-                extra_ldflags=["-fopenmp"],
-                build_directory=str(build_dir),
-                verbose=False,
-            )
-        return module
+        return build()
     except Exception as e:  # no compiler, headers or ninja: the PyTorch path still works
         log.warning("native CPU kernels unavailable (%s); using PyTorch paths", e)
         return None
+
+
+def build():
+    """Compiles the kernels for this machine's CPU, or loads the build already cached; raises when it cannot.
+    `make install` runs it (`tritonllm build-kernels`), so that a model's load only loads them."""
+    import ninja
+    from torch.utils.cpp_extension import load
+
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(CACHE))
+    build_dir = Path(os.environ["TORCH_EXTENSIONS_DIR"]) / NAME
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with _exclusive(build_dir / "build.flock"), _path_first(ninja.BIN_DIR):
+        # torch's own lock file outlives a builder that was killed, and then every later load waits for it
+        # forever; whoever holds it also holds build.flock, which the kernel releases when its holder dies.
+        (build_dir / "lock").unlink(missing_ok=True)
+        return load(
+            name=NAME,
+            sources=[str(source) for source in SOURCES],
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(build_dir),
+            verbose=False,
+        )
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from . import cpu_kernels, lora, model_check, prepacked_linear, quantized_linear, tensor_parallel
+from . import cpu_kernels, lora, model_check, native_linear, quantized_linear, tensor_parallel
 from .block_manager import BlockManager
 from .paged_attention import ATTN_IMPLEMENTATION, AttentionGroup, KVCache, LayerProbe, PaddedQueries, PagedBatch
 from .scheduler import ScheduledChunk
@@ -116,8 +116,8 @@ class ModelRunner:
         else:
             if gguf_file is not None and native:
                 self.quantized_layers = quantized_linear.quantize_from_gguf(self.model, gguf_file)
-            if prepacked_linear.available(self.device, self.dtype):
-                prepacked_linear.prepack(self.model)
+            if native_linear.available(self.device, self.dtype):
+                native_linear.install(self.model)
             self.lora = lora.install(self.model) if enable_lora else None
         self.shape = ModelShape.of(self.model.config)
         self.native_decode = native
@@ -142,8 +142,8 @@ class ModelRunner:
     def _split(self, place: tensor_parallel.Place, model_dir: str | Path, dtype: str) -> None:
         """Keeps this rank's share of the layers and of the KV cache; rank 0 starts the other ranks."""
         tensor_parallel.shard(self.model, place)
-        if prepacked_linear.available(self.device, self.dtype):
-            prepacked_linear.prepack(self.model)
+        if native_linear.available(self.device, self.dtype):
+            native_linear.install(self.model)
         self.shape = dataclasses.replace(self.shape, num_kv_heads=self.shape.num_kv_heads // place.world)
         self.cache = None  # the whole cache goes before this rank's share is allocated
         self.cache = self._allocate_cache()

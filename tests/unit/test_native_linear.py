@@ -1,0 +1,54 @@
+"""The native float32 linear kernel against torch's F.linear: every tile shape it picks (one row, a few, past a
+multiple of three), inputs whose width is no multiple of the vector width, output widths that end mid-tile, a
+bias; and the layers the engine swaps in."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tritonllm.engine import cpu_kernels, native_linear
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    built = cpu_kernels.native()
+    assert built is not None, "the native kernels did not build: the engine would run on its slow fallback"
+    return built
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 32, native_linear.NATIVE_ROWS])
+@pytest.mark.parametrize("out_features, in_features", [(96, 64), (37, 576), (200, 19), (5, 1536)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_the_kernel_equals_f_linear(kernels, rows, out_features, in_features, with_bias):
+    generator = torch.Generator().manual_seed(rows * 1000 + out_features)
+    x = torch.randn(rows, in_features, generator=generator)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    bias = torch.randn(out_features, generator=generator) if with_bias else torch.empty(0)
+    expected = F.linear(x, weight, bias if with_bias else None)
+    torch.testing.assert_close(kernels.dense_linear(x, weight, bias), expected, rtol=1e-5, atol=1e-4)
+
+
+def test_bad_shapes_are_refused_by_name(kernels):
+    with pytest.raises(RuntimeError, match="differ in K"):
+        kernels.dense_linear(torch.randn(2, 8), torch.randn(4, 9), torch.empty(0))
+    with pytest.raises(RuntimeError, match="bias"):
+        kernels.dense_linear(torch.randn(2, 8), torch.randn(4, 8), torch.randn(3))
+
+
+def test_installed_layers_keep_their_weights_and_ties(kernels):
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 16), torch.nn.Linear(16, 24), torch.nn.Linear(24, 50))
+    model[2].weight = torch.nn.Parameter(torch.randn(50, 24))
+    tied = model[0].weight
+    head = torch.nn.Linear(16, 50, bias=False)
+    head.weight = tied
+    model.append(head)
+    x = torch.randn(3, 16)
+    expected = [model[1](x), head(x)]
+    assert native_linear.install(model) == 3
+    assert all(type(m) is native_linear.NativeLinear for m in list(model)[1:])
+    assert head.weight is tied
+    torch.testing.assert_close([model[1](x), head(x)], expected, rtol=1e-5, atol=1e-5)
+    many = torch.randn(native_linear.NATIVE_ROWS + 1, 16)  # past the kernel's rows: the BLAS path
+    torch.testing.assert_close(model[1](many), F.linear(many, model[1].weight, model[1].bias))

@@ -1,0 +1,113 @@
+// x @ W^T for a few rows of x and a float32 weight W [N, K], as a decode step multiplies them: the step streams
+// every weight from memory once, so the kernel's one job is to read W at the memory's full speed and use each
+// value loaded for every input row. BLAS libraries are tuned for large GEMMs and dispatch by CPU vendor (MKL's
+// GEMV for one row reaches half of OpenBLAS's speed on AMD EPYC); this kernel is the same code on every x86
+// with AVX2 and FMA (AVX-512 where the machine has it).
+//
+// A tile is ROWS input rows by COLS weight rows: ROWS * COLS accumulators, each weight vector loaded once and
+// used ROWS times, each input vector loaded once and used COLS times. Threads take chunks of weight rows from a
+// shared counter, so one that the OS preempts does not hold up the rest.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+namespace {
+
+#if defined(__AVX512F__)
+using Vec = __m512;
+constexpr int64_t kLanes = 16;
+inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
+inline Vec zero() { return _mm512_setzero_ps(); }
+inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline float sum_lanes(Vec v) { return _mm512_reduce_add_ps(v); }
+#else
+using Vec = __m256;
+constexpr int64_t kLanes = 8;
+inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
+inline Vec zero() { return _mm256_setzero_ps(); }
+inline Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline float sum_lanes(Vec v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+// out[r, c] = x[r] . w[c] for r < ROWS, c < COLS (strides in floats).
+template <int ROWS, int COLS>
+inline void tile(const float* x, int64_t x_stride, const float* w, int64_t k, float* out, int64_t out_stride) {
+  Vec acc[ROWS][COLS];
+  for (int r = 0; r < ROWS; ++r)
+    for (int c = 0; c < COLS; ++c) acc[r][c] = zero();
+  int64_t i = 0;
+  for (; i + kLanes <= k; i += kLanes) {
+    Vec xv[ROWS];
+    for (int r = 0; r < ROWS; ++r) xv[r] = load(x + r * x_stride + i);
+    for (int c = 0; c < COLS; ++c) {
+      const Vec wv = load(w + c * k + i);
+      for (int r = 0; r < ROWS; ++r) acc[r][c] = fma(wv, xv[r], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r)
+    for (int c = 0; c < COLS; ++c) {
+      float s = sum_lanes(acc[r][c]);
+      for (int64_t j = i; j < k; ++j) s += x[r * x_stride + j] * w[c * k + j];
+      out[r * out_stride + c] = s;
+    }
+}
+
+// Every input row against weight rows [n, n + COLS), in tiles of as many rows as the registers hold.
+template <int COLS>
+inline void rows_times(const float* x, int64_t rows, const float* w, int64_t k, float* out, int64_t n_total) {
+  constexpr int kRows = COLS >= 8 ? 1 : COLS == 4 ? 3 : 8 / COLS;
+  int64_t m = 0;
+  for (; m + kRows <= rows; m += kRows) tile<kRows, COLS>(x + m * k, k, w, k, out + m * n_total, n_total);
+  for (; m < rows; ++m) tile<1, COLS>(x + m * k, k, w, k, out + m * n_total, n_total);
+}
+
+}  // namespace
+
+// x: [M, K] float32, contiguous; weight: [N, K] float32, contiguous; bias: [N] or empty. Returns [M, N].
+torch::Tensor dense_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kFloat32 && weight.is_contiguous(),
+              "weight: contiguous [N, K] float32");
+  TORCH_CHECK(weight.size(1) == x.size(1), "x and weight differ in K");
+  const int64_t rows = x.size(0), k = x.size(1), n_total = weight.size(0);
+  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == n_total && bias.scalar_type() == torch::kFloat32 &&
+                                    bias.is_contiguous()),
+              "bias: [N] float32");
+  auto out = torch::empty({rows, n_total}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  const float* bp = bias.numel() ? bias.data_ptr<float>() : nullptr;
+  float* op = out.data_ptr<float>();
+  // One input row: 8 weight rows a tile (8 streams of FMAs in flight); more rows: 4 or 2, each reused by them.
+  const int64_t cols = rows == 1 ? 8 : 4;
+  constexpr int64_t kChunk = 32;  // weight rows a thread takes at a time: a multiple of every `cols`
+  const int64_t chunks = (n_total + kChunk - 1) / kChunk;
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), chunks), 1, [&](int64_t, int64_t) {
+    for (int64_t c = next++; c < chunks; c = next++) {
+      const int64_t end = std::min(n_total, (c + 1) * kChunk);
+      int64_t n = c * kChunk;
+      for (; n + cols <= end; n += cols) {
+        const float* w = wp + n * k;
+        if (cols == 8) rows_times<8>(xp, rows, w, k, op + n, n_total);
+        else if (cols == 4) rows_times<4>(xp, rows, w, k, op + n, n_total);
+        else rows_times<2>(xp, rows, w, k, op + n, n_total);
+      }
+      for (; n < end; ++n) rows_times<1>(xp, rows, wp + n * k, k, op + n, n_total);
+      if (bp)
+        for (int64_t m = 0; m < rows; ++m)
+          for (int64_t j = c * kChunk; j < end; ++j) op[m * n_total + j] += bp[j];
+    }
+  });
+  return out;
+}
