@@ -20,8 +20,8 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).parent / "kernels" / name for name in ("paged_decode_attention.cpp", "dense_linear.cpp", "quantized_linear.cpp")]
-SOURCES.append(Path(__file__).parent / "kernels" / "module.cpp")
+KERNELS = ("paged_decode_attention.cpp", "dense_linear.cpp", "quantized_linear.cpp", "module.cpp")
+SOURCES = [Path(__file__).parent / "kernels" / name for name in KERNELS]
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "torch_extensions"
 DISABLE_ENV = "TRITONLLM_NO_NATIVE_KERNELS"
 NAME = "tritonllm_cpu_kernels"
