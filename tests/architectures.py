@@ -24,8 +24,10 @@ _COMMON = dict(
 # family -> (config class name in transformers, settings beyond _COMMON)
 ARCHITECTURES: dict[str, tuple[str, dict]] = {
     "llama": ("LlamaConfig", {}),
+    "llama_biased": ("LlamaConfig", {"attention_bias": True}),  # biases on q/k/v and o
     "mistral": ("MistralConfig", {"sliding_window": WINDOW}),
     "qwen2": ("Qwen2Config", {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1}),
+    "qwen2_full": ("Qwen2Config", {}),  # every layer global; biases on q/k/v only
     "qwen3": ("Qwen3Config", {"head_dim": 32}),
     "qwen3_moe": (
         "Qwen3MoeConfig",

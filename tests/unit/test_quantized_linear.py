@@ -69,6 +69,7 @@ def test_the_q4_1_model_keeps_every_layer_quantized_and_decodes_as_generate(smol
     linears = [m for m in engine.runner.model.modules() if isinstance(m, torch.nn.Linear)]
     # 7 per layer in 30 layers (Q4_1) and the output layer, tied to the embedding (Q8_0)
     assert engine.runner.quantized_layers == 211 and not linears
+    assert engine.runner.decoder_stack is not None  # decode steps run the native stack over the blocks
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     prompts = [tokenizer(text).input_ids for text in ("The capital of France is", "def fibonacci(n):", "1, 2, 3,")]
     seqs = [Sequence(p, SamplingParams(max_tokens=16)) for p in prompts]

@@ -1,5 +1,6 @@
 """The engine's native CPU kernels (see kernels/): decode attention read in place from the paged cache, linear
-layers over float32 weights for decode-sized inputs, and over GGUF's block-quantized weights.
+layers over float32 weights for decode-sized inputs and over GGUF's block-quantized weights, and a Llama-family
+decoder stack for decode steps.
 
 Built with the machine's C++ compiler by `make install` (`tritonllm build-kernels`) and cached under
 `.cache/torch_extensions` (or $TORCH_EXTENSIONS_DIR); a model's load then only loads them (or builds them, when
@@ -20,7 +21,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-KERNELS = ("paged_decode_attention.cpp", "dense_linear.cpp", "quantized_linear.cpp", "module.cpp")
+KERNELS = ("paged_decode_attention.cpp", "dense_linear.cpp", "quantized_linear.cpp", "decoder_layers.cpp", "module.cpp")
 SOURCES = [Path(__file__).parent / "kernels" / name for name in KERNELS]
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "torch_extensions"
 DISABLE_ENV = "TRITONLLM_NO_NATIVE_KERNELS"
@@ -29,7 +30,8 @@ NAME = "tritonllm_cpu_kernels"
 
 @functools.cache
 def native():
-    """The built module (`paged_decode_attention`, `dense_linear`, `quantized_linear`, `dequantize`), or None."""
+    """The built module (`paged_decode_attention`, `dense_linear`, `quantized_linear`, `dequantize`,
+    `DecoderLayers`), or None."""
     if os.environ.get(DISABLE_ENV):
         return None
     try:

@@ -4,11 +4,13 @@ Two checks. The config names attention kinds this engine does not implement (chu
 state-space layers). Then a probe: a short prompt goes through the engine's own path, a prefill and a decode
 step over the paged cache, and through transformers' eager attention on the same weights. Every layer must have
 attended through the paged cache, with no argument it does not implement (gpt-oss's attention sinks, say), and
-the two must give the same logits.
+the two must give the same logits. Where the runner has a native decoder stack (native_decode.py), its decode
+step must give them too, else the stack is dropped.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import torch
@@ -20,6 +22,8 @@ from .sequence import Sequence
 
 if TYPE_CHECKING:
     from .model_runner import ModelRunner
+
+log = logging.getLogger(__name__)
 
 SUPPORTED_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
 PROBE_TOKENS = 40  # crosses the windows of the test models; real windows are covered by the engine's own tests
@@ -73,10 +77,17 @@ def check_against_eager(runner: ModelRunner) -> None:
             f"the paged attention's logits differ from transformers' eager attention by {difference:.3g} "
             f"(allowed {allowed:.3g}) on a {length}-token probe"
         )
+    if runner.decoder_stack is not None:
+        native = _paged_logits(runner, ids, None)[-1]
+        gap = (native - eager[-1]).abs().max().item()
+        if not gap <= allowed:
+            log.warning("the native decoder stack's logits differ from transformers' by %.3g: not used", gap)
+            runner.decoder_stack = None
 
 
-def _paged_logits(runner: ModelRunner, ids: list[int], probe: LayerProbe) -> torch.Tensor:
-    """Logits of every position: a prefill of all tokens but the last, then a decode step of the last."""
+def _paged_logits(runner: ModelRunner, ids: list[int], probe: LayerProbe | None) -> torch.Tensor:
+    """Logits of every position: a prefill of all tokens but the last, then a decode step of the last (without a
+    probe, by the native decoder stack where the runner has one)."""
     seq = Sequence(ids[:-1], SamplingParams(max_tokens=1, return_context_logits=True))
     runner.blocks.grow(seq, len(ids))
     try:

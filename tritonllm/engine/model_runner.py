@@ -9,7 +9,16 @@ from pathlib import Path
 
 import torch
 
-from . import cpu_kernels, lora, model_check, native_linear, quantized_linear, tensor_parallel
+from . import (
+    cpu_kernels,
+    fused_projections,
+    lora,
+    model_check,
+    native_decode,
+    native_linear,
+    quantized_linear,
+    tensor_parallel,
+)
 from .block_manager import BlockManager
 from .paged_attention import ATTN_IMPLEMENTATION, AttentionGroup, KVCache, LayerProbe, PaddedQueries, PagedBatch
 from .scheduler import ScheduledChunk
@@ -108,6 +117,7 @@ class ModelRunner:
         world = place.world if place is not None else tensor_parallel_size
         self.quantized_layers = 0
         self.lora = None
+        self.decoder_stack: native_decode.NativeDecode | None = None
         self.group: tensor_parallel.Group | None = None
         if world > 1:
             tensor_parallel.check(self.model, world)
@@ -116,7 +126,9 @@ class ModelRunner:
         else:
             if gguf_file is not None and native:
                 self.quantized_layers = quantized_linear.quantize_from_gguf(self.model, gguf_file)
-            if native_linear.available(self.device, self.dtype):
+            fast_linears = native_linear.available(self.device, self.dtype)
+            fused_projections.fuse(self.model, fast_linears)
+            if fast_linears:
                 native_linear.install(self.model)
             self.lora = lora.install(self.model) if enable_lora else None
         self.shape = ModelShape.of(self.model.config)
@@ -124,9 +136,18 @@ class ModelRunner:
         self.blocks = blocks
         if place is None:  # the engine's process checks the model whole, before any split
             self.cache = self._allocate_cache()
+            if world == 1 and native:
+                self._use_decoder_stack()
             model_check.check_against_eager(self)
         if world > 1:
             self._split(place or tensor_parallel.Place(0, world, 0), model_dir, dtype)
+
+    def _use_decoder_stack(self) -> None:
+        reason = native_decode.why_not(self.model)
+        if reason is not None:
+            log.info("decode steps run through transformers' modules: %s", reason)
+            return
+        self.decoder_stack = native_decode.NativeDecode(self.model, self.cache.key, self.cache.value)
 
     def _allocate_cache(self) -> KVCache:
         return KVCache.allocate(
@@ -222,6 +243,16 @@ class ModelRunner:
         """The step's forward pass: float32 logits of the rows it keeps."""
         if step.copies:
             self.cache.copy_blocks(step.copies)
+        if self.decoder_stack is not None and probe is None and _decodes_only(step) and not self._adapters():
+            group = step.groups[0]
+            return self.decoder_stack.logits(
+                step.inputs["input_ids"],
+                step.position_ids,
+                step.slot_mapping,
+                group.block_index.view(len(group.context_lens), -1),
+                group.context_lens,
+                step.logits_to_keep,
+            )
         batch = PagedBatch(cache=self.cache, slot_mapping=step.slot_mapping, groups=step.groups, probe=probe)
         out = self.model(
             **step.inputs,
@@ -231,6 +262,9 @@ class ModelRunner:
             paged_batch=batch,
         )
         return out.logits[0].float()
+
+    def _adapters(self) -> bool:
+        return self.lora is not None and bool(self.lora.groups)
 
     def _assign_adapters(self, chunks: list[ScheduledChunk]) -> None:
         if self.lora is None:
@@ -314,3 +348,8 @@ class ModelRunner:
             key_buffer=torch.empty(buffer_shape, dtype=self.dtype, device=dev),
             value_buffer=torch.empty(buffer_shape, dtype=self.dtype, device=dev),
         )
+
+
+def _decodes_only(step: Step) -> bool:
+    """One token of each sequence, by token ids: the steps the native decoder stack serves."""
+    return "input_ids" in step.inputs and len(step.groups) == 1 and step.groups[0].padded is None

@@ -1,0 +1,127 @@
+"""Decode steps of Llama-family models through one native call for the whole decoder stack
+(kernels/decoder_layers.cpp), instead of transformers' per-module Python.
+
+For one sequence on a 2-core CPU, SmolLM2's step spends about a third of its time outside the matmuls: some
+2,000 small tensor ops and 300 module calls, each a few microseconds of Python and dispatch. The native stack
+does the same arithmetic in one call: the embedding lookup, the rotary tables (the model's own rotary module,
+so every rope scaling it knows applies), the final norm and the output layer stay the model's.
+
+It serves only what it computes exactly as transformers does: the architectures named in ARCHITECTURES, on CPU
+in float32, with float32 weights (the q/k/v and gate/up projections fused, fused_projections.py) or GGUF blocks
+(quantized_linear.py), no sliding window, and SiLU; a step with anything else (a prefill chunk, drafts, prompt
+tables, a LoRA adapter, the load-time probe) goes through transformers. At load, the model check runs a decode
+step both ways and keeps the native stack only when the logits agree to float32's rounding.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from . import cpu_kernels
+from .fused_projections import SiblingLinear
+from .lora import LoraLinear
+from .native_linear import NativeLinear
+from .quantized_linear import QuantizedLinear
+
+log = logging.getLogger(__name__)
+
+ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"})
+NORMS = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"})
+PROJECTIONS = (SiblingLinear, NativeLinear, QuantizedLinear)
+_NO_BIAS = torch.empty(0)
+
+
+def why_not(model: torch.nn.Module) -> str | None:
+    """None when the native stack computes this (loaded, fused) model's decoder layers exactly; else the reason."""
+    name = type(model).__name__
+    if name not in ARCHITECTURES:
+        return f"{name} is not one of {sorted(ARCHITECTURES)}"
+    config = model.config
+    if getattr(config, "hidden_act", None) != "silu":
+        return f"activation {getattr(config, 'hidden_act', None)!r} (only silu)"
+    if getattr(config, "pretraining_tp", 1) != 1:
+        return "pretraining_tp > 1"
+    if getattr(config, "sliding_window", None) and set(getattr(config, "layer_types", None) or ["?"]) != {
+        "full_attention"
+    }:
+        return f"a sliding window of {config.sliding_window} tokens"
+    for index, layer in enumerate(model.model.layers):
+        attention, mlp = _Unwrapped(layer.self_attn), _Unwrapped(layer.mlp)
+        norms = (layer.input_layernorm, layer.post_attention_layernorm)
+        if any(type(n).__name__ not in NORMS for n in norms):
+            return f"layer {index}'s norms are not RMSNorm"
+        projections = [getattr(attention, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        projections += [getattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")]
+        if not all(type(p) in PROJECTIONS for p in projections):
+            return f"layer {index} has projections other than float32 or GGUF-block linear layers"
+    return None
+
+
+class NativeDecode:
+    """The model's decoder stack as one native object, weights and KV cache shared, not copied."""
+
+    def __init__(self, model: torch.nn.Module, key_cache: list[torch.Tensor], value_cache: list[torch.Tensor]):
+        self.model = model
+        layers = model.model.layers
+        attentions = [_Unwrapped(layer.self_attn) for layer in layers]
+        mlps = [_Unwrapped(layer.mlp) for layer in layers]
+        stack = cpu_kernels.native().DecoderLayers()
+        stack.input_norm = [layer.input_layernorm.weight.detach() for layer in layers]
+        stack.post_norm = [layer.post_attention_layernorm.weight.detach() for layer in layers]
+        stack.qkv = [_side_by_side(a.q_proj, a.k_proj, a.v_proj) for a in attentions]
+        stack.o = [_projection(a.o_proj) for a in attentions]
+        stack.gate_up = [_side_by_side(m.gate_proj, m.up_proj) for m in mlps]
+        stack.down = [_projection(m.down_proj) for m in mlps]
+        attention = layers[0].self_attn
+        stack.k_cache, stack.v_cache = list(key_cache), list(value_cache)
+        stack.dim = attention.head_dim
+        stack.heads = model.config.num_attention_heads
+        stack.kv_heads = getattr(model.config, "num_key_value_heads", None) or stack.heads
+        stack.eps = layers[0].input_layernorm.variance_epsilon
+        stack.scale = attention.scaling
+        self.stack = stack
+
+    def logits(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        slots: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        keep: torch.Tensor,
+    ) -> torch.Tensor:
+        """float32 logits of the rows `keep` of one decode token per sequence (input_ids, position_ids [1, B])."""
+        inner = self.model.model
+        hidden = inner.embed_tokens(input_ids)
+        cos, sin = inner.rotary_emb(hidden, position_ids)
+        out = self.stack.forward(hidden[0], cos[0].contiguous(), sin[0].contiguous(), slots, block_tables, context_lens)
+        return self.model.lm_head(inner.norm(out)[keep])
+
+
+class _Unwrapped:
+    """A module's projections as the model loaded them, seen through the LoRA wrappers (the native stack runs
+    only steps without adapters)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+
+    def __getattr__(self, name: str):
+        child = getattr(self.module, name)
+        return child.base if isinstance(child, LoraLinear) else child
+
+
+def _side_by_side(*siblings: torch.nn.Module) -> list:
+    """The projections whose outputs the stack puts side by side: the fused layer, where there is one."""
+    if type(siblings[0]) is SiblingLinear:
+        return [_projection(siblings[0].fused.layer)]
+    return [_projection(s) for s in siblings]
+
+
+def _projection(layer: torch.nn.Module):
+    bias = _NO_BIAS if layer.bias is None else layer.bias.detach()
+    native = cpu_kernels.native()
+    if isinstance(layer, QuantizedLinear):
+        return native.Projection(layer.qweight, layer.scales, layer.mins, bias, layer.bits)
+    return native.Projection(layer.weight.detach(), _NO_BIAS, _NO_BIAS, bias, 0)
