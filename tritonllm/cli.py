@@ -80,9 +80,13 @@ def serve(args: argparse.Namespace) -> int:
     model_dir = gguf.hf_model_dir(given)
     tool_format = resolve_format(args.tool_call_parser, load_tokenizer(model_dir)).name
     _progress(f"tool calls in the {tool_format} format")
-    if not args.no_shim and not port_is_free(args.host, args.shim_port):
-        _progress(f"shim port {args.shim_port} on {args.host} is in use; pick another with --shim-port")
-        return 2
+    ports = {"--http-port": args.http_port, "--grpc-port": args.grpc_port, "--metrics-port": args.metrics_port}
+    if not args.no_shim:
+        ports["--shim-port"] = args.shim_port
+    for flag, port in ports.items():
+        if not port_is_free(args.host, port):
+            _progress(f"port {port} on {args.host} ({flag}) is in use; pick another with {flag}")
+            return 2
 
     server = TritonServer(
         Path(args.model_repository),
@@ -173,14 +177,16 @@ def drain(args: argparse.Namespace) -> int:
     import re
     import urllib.request
 
+    from .runtime.tritonserver import TRANSPORT_ERRORS
+
     busy = re.compile(r"^tritonllm_requests_(?:running|waiting)\{[^}]*\}\s+([0-9.e+-]+)$", re.MULTILINE)
     deadline = time.monotonic() + args.timeout
     quiet_since = None
     while time.monotonic() < deadline:
         try:
             text = urllib.request.urlopen(args.metrics_url, timeout=2).read().decode()
-        except OSError:
-            return 0  # the server is gone: nothing left to drain
+        except TRANSPORT_ERRORS:
+            return 0  # the server is gone (a self-connect to its closed port included): nothing left to drain
         if sum(float(v) for v in busy.findall(text)) == 0:
             quiet_since = quiet_since or time.monotonic()
             if time.monotonic() - quiet_since >= args.quiet_seconds:

@@ -7,7 +7,9 @@ paths resolve. The stub runs models in the interpreter found first on PATH, so t
 
 from __future__ import annotations
 
+import http.client
 import os
+import random
 import re
 import shutil
 import signal
@@ -112,10 +114,31 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+# What a poll of a port gets from a server that is not (yet) there: a refused or reset connection, or, when the
+# port lies in the ephemeral range and nothing listens, a TCP self-connect (the kernel hands the client that very
+# port as its source) that reads back its own request as a malformed status line.
+TRANSPORT_ERRORS = (OSError, http.client.HTTPException)
+# The ports tests and `serve` may pick: below Linux's ephemeral range (32768-60999 by default), so no client
+# socket is ever given one as its source, and above the well-known and registered ones most services use.
+PICKED_PORTS = range(20000, 32768)
+
+
+def ephemeral_ports() -> range:
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return range(32768, 61000)
+    return range(low, high + 1)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A free port outside the ephemeral range (see PICKED_PORTS), so that polling it can never self-connect."""
+    ephemeral = ephemeral_ports()
+    candidates = [p for p in PICKED_PORTS if p not in ephemeral]
+    for port in random.sample(candidates, min(200, len(candidates))):
+        if port_is_free(host, port):
+            return port
+    raise OSError(f"no free port in {PICKED_PORTS} on {host}")
 
 
 @dataclass
@@ -212,7 +235,7 @@ class TritonServer:
                 with urllib.request.urlopen(f"{self.http_url}/v2/health/ready", timeout=2) as r:
                     if r.status == 200:
                         return
-            except OSError:
+            except TRANSPORT_ERRORS:  # not ready yet; only the process exiting or the timeout ends the wait
                 pass
             if progress is not None and time.monotonic() - told >= 30:
                 told = time.monotonic()
