@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from . import cpu_kernels
 
-NATIVE_ROWS = 48  # up to this many rows the native kernel is at least as fast (measured on AMD AVX2 and Intel)
+NATIVE_ROWS = 48  # up to this many rows the native kernel is as fast or faster (bench/results/native_linear.md)
 _NO_BIAS = torch.empty(0)
 
 
