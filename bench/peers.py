@@ -149,11 +149,16 @@ def vllm_python() -> Path:
     return python
 
 
+# Seconds from launch to a healthy answer, by server log name: every start in the run, caches warm after the first.
+STARTS: dict[str, list[float]] = {}
+
+
 class Server:
     """A server process of a case, on loopback, stopped (its process group) at the end."""
 
     def __init__(self, command: list[str], health: str, log: Path, env: dict | None = None) -> None:
         self.log = log.open("w")
+        launched = time.monotonic()
         self.process = subprocess.Popen(
             command,
             stdout=self.log,
@@ -167,10 +172,11 @@ class Server:
                 raise RuntimeError(f"{command[0]} exited; see {log}")
             try:
                 if httpx.get(health, timeout=2).status_code == 200:
+                    STARTS.setdefault(log.name.removesuffix(".log.tmp"), []).append(time.monotonic() - launched)
                     return
             except httpx.HTTPError:
                 pass
-            time.sleep(1)
+            time.sleep(0.2)
         raise RuntimeError(f"{command[0]} did not become healthy; see {log}")
 
     def pause(self) -> None:
@@ -436,6 +442,7 @@ def write_report(sections: dict[str, dict[str, list[Result]]], agreement: dict[s
             f"{k} {weights}": [asdict(r) for r in rs] for weights, s in sections.items() for k, rs in s.items()
         },
         "q4_1_greedy_agreement": agreement,
+        "seconds_to_ready": STARTS,
     }
     (RESULTS / "peers.json").write_text(json.dumps(payload, indent=2) + "\n")
     lines = [
@@ -464,6 +471,16 @@ def write_report(sections: dict[str, dict[str, list[Result]]], agreement: dict[s
             f"| {case} | {a['identical']}/{a['prompts']} | {a['matching_leading_text']:.1%} |"
             for case, a in agreement.items()
         ),
+        "",
+    ]
+    lines += [
+        "## Start: seconds from launch to a healthy answer",
+        "",
+        "Each start of the run, in order (the model files in the page cache; this project's kernels built at install).",
+        "",
+        "| server | seconds |",
+        "|---|---|",
+        *(f"| {name} | {', '.join(f'{t:.1f}' for t in times)} |" for name, times in STARTS.items()),
         "",
     ]
     (RESULTS / "peers.md").write_text("\n".join(lines))
