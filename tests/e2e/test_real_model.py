@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import jsonschema
 import pytest
 import torch
@@ -94,3 +95,14 @@ def test_auto_answers_in_words_when_the_model_does(client):
     choice = ask(client, QUESTIONS[0], tools=[WEATHER], tool_choice="auto", max_tokens=48).choices[0]
     assert choice.finish_reason == "stop" and choice.message.tool_calls is None
     assert "Paris" in choice.message.content
+
+
+def test_timeout_ends_the_stream_with_an_error_event(smollm2_url):
+    # The model counts on greedily (no end of sequence in 600 tokens, checked with transformers): 2000 tokens of a
+    # 135M-parameter model take far more than the one second allowed on any CPU, unlike the tiny model's.
+    body = {"text_input": "Count from 1 to 1000: 1, 2, 3, 4, 5,", "parameters": {"max_new_tokens": 2000, "timeout": 1}}
+    with httpx.stream("POST", f"{smollm2_url}/v2/models/{NAME}/generate_stream", json=body, timeout=60) as r:
+        raw = r.read().decode()
+    events = [json.loads(b[len("data:") :]) for b in raw.split("\n\n") if b]
+    assert events[0]["text_output"] and "error" not in events[0]
+    assert events[-1]["error"]["code"] == 408 and "timed out" in events[-1]["error"]["message"]
