@@ -243,8 +243,11 @@ def fresh_prompts(tokenizer, w: Workload):
         yield make_prompts(tokenizer, w, seed=seed, english=True)
 
 
-def ours(log: Path, model: Path = MODEL, repository: Path | None = None) -> tuple[Server, int, int]:
-    """`tritonllm serve` on the model; the server, its shim port and its gRPC port."""
+def ours(
+    log: Path, model: Path = MODEL, repository: Path | None = None, tree: Path | None = None
+) -> tuple[Server, int, int]:
+    """`tritonllm serve` on the model; the server, its shim port and its gRPC port. `tree`: the code and model
+    repository of another checkout (an A/B against another revision), on this checkout's venv."""
     shim_port, ports = (
         free_port(),
         {"--http-port": free_port(), "--grpc-port": free_port(), "--metrics-port": free_port()},
@@ -259,9 +262,12 @@ def ours(log: Path, model: Path = MODEL, repository: Path | None = None) -> tupl
     ]
     command += ["--served-model-name", MODEL.name, "--shim-port", str(shim_port)]
     command += [str(v) for kv in ports.items() for v in kv]
+    env = None
+    if tree is not None:
+        repository, env = repository or tree / "model_repository", {"PYTHONPATH": str(tree)}
     if repository is not None:
         command += ["--model-repository", str(repository)]
-    return Server(command, f"http://127.0.0.1:{shim_port}/health", log), shim_port, ports["--grpc-port"]
+    return Server(command, f"http://127.0.0.1:{shim_port}/health", log, env), shim_port, ports["--grpc-port"]
 
 
 def llama_cpp(gguf_file: Path) -> tuple[Server, int]:

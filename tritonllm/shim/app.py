@@ -5,10 +5,11 @@ from __future__ import annotations
 import hmac
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from . import embeddings_api, generate_api, metrics, openai_api, openapi, responses_api, tokenize_api
 from .errors import APIError, api_error_handler, http_error_handler, validation_error_handler
@@ -30,16 +31,7 @@ def create_app(settings: ShimSettings) -> FastAPI:
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)
     if settings.api_key:
-        expected = f"Bearer {settings.api_key}".encode()
-
-        @app.middleware("http")
-        async def require_api_key(request: Request, call_next):
-            given = request.headers.get("authorization", "").encode()
-            if request.url.path != "/health" and not hmac.compare_digest(given, expected):
-                error = APIError(401, "a valid API key is required: Authorization: Bearer <key>")
-                return JSONResponse(error.body(), status_code=401)
-            return await call_next(request)
-
+        app.add_middleware(RequireAPIKey, expected=f"Bearer {settings.api_key}".encode())
     metrics.install(app)
     app.include_router(openai_api.build_router(settings))
     app.include_router(embeddings_api.build_router(settings))
@@ -54,3 +46,21 @@ def create_app(settings: ShimSettings) -> FastAPI:
         return JSONResponse({"status": "ok" if ready else "unavailable"}, status_code=200 if ready else 503)
 
     return app
+
+
+class RequireAPIKey:
+    """Refuses every route but /health without `Authorization: Bearer <key>`. Plain ASGI: Starlette's
+    @app.middleware wraps each streamed chunk in a task and a memory stream of its own."""
+
+    def __init__(self, app: ASGIApp, expected: bytes) -> None:
+        self.app = app
+        self.expected = expected
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health":
+            given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
+            if not hmac.compare_digest(given, self.expected):
+                error = APIError(401, "a valid API key is required: Authorization: Bearer <key>")
+                await JSONResponse(error.body(), status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

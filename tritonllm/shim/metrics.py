@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import time
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
@@ -24,15 +25,35 @@ def install(app: FastAPI) -> None:
         registry=registry,
     )
 
-    @app.middleware("http")
-    async def observe(request: Request, call_next):
-        start = time.monotonic()
-        response = await call_next(request)
-        route = getattr(request.scope.get("route"), "path", "other")  # the template: bounded label values
-        requests.labels(route, str(response.status_code)).inc()
-        latency.labels(route).observe(time.monotonic() - start)
-        return response
+    app.add_middleware(ObservedRoutes, requests=requests, latency=latency)
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+class ObservedRoutes:
+    """Counts each response by route and status and times its start, as its head goes out. Plain ASGI: Starlette's
+    @app.middleware would pass every streamed chunk through a task and a memory stream of its own (with two of
+    them, the shim spent 0.65 ms of CPU per streamed token, now 0.59: bench/serving_cost.py)."""
+
+    def __init__(self, app: ASGIApp, requests: Counter, latency: Histogram) -> None:
+        self.app = app
+        self.requests = requests
+        self.latency = latency
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.monotonic()
+
+        async def observed(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                # the router has put the matched route in the scope: its template keeps label values bounded
+                route = getattr(scope.get("route"), "path", "other")
+                self.requests.labels(route, str(message["status"])).inc()
+                self.latency.labels(route).observe(time.monotonic() - start)
+            await send(message)
+
+        await self.app(scope, receive, observed)

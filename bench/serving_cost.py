@@ -1,0 +1,151 @@
+"""What serving costs on top of the engine, process by process. W1 (32 concurrent streams, 64-token prompts,
+128 new tokens, EOS ignored) on the real default model: the engine in-process, then `tritonllm serve` through its
+shim (/v1/completions) and through Triton's ensemble (gRPC streams), with the CPU time each process of the
+server spent per streamed token (from /proc: user + system, all threads).
+
+On 2 cores the engine's forward pass wants both, so every millisecond another process spends per token comes
+out of the step: served ÷ in-process is what these per-token costs leave of the engine's speed.
+
+    .venv/bin/python bench/serving_cost.py                       # writes bench/results/serving_cost.md
+    .venv/bin/python bench/serving_cost.py --baseline /tmp/base  # A/B: also a server from another checkout
+
+A baseline checkout needs its kernels built, or this one's cache: `git worktree add /tmp/base HEAD~1 &&
+ln -s $PWD/.cache /tmp/base/.cache` (the kernels' build is keyed by their sources).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+from peers import MODEL, Server, ensemble_case, fresh_prompts, ours, shim_case
+from run import RESULTS, InProcessEngine, Workload, machine, measured
+
+
+@dataclass
+class Costs:
+    """Each run's tokens/s and its CPU milliseconds per streamed token by process."""
+
+    tokens_per_s: list[float] = field(default_factory=list)
+    itl_p50_ms: list[float] = field(default_factory=list)
+    cpu_ms: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+
+
+def process_name(process: psutil.Process) -> str:
+    """The server's processes by role: tritonserver, each model's Python stub, and `serve` itself (the shim)."""
+    command = process.cmdline()
+    if "triton_python_backend_stub" in command[0]:
+        return f"{Path(command[1]).parent.parent.name} stub"
+    if "tritonserver" in Path(command[0]).name:
+        return "tritonserver"
+    return "serve (shim)"
+
+
+def cpu_seconds(server: Server) -> dict[str, float]:
+    root = psutil.Process(server.process.pid)
+    seconds: dict[str, float] = defaultdict(float)
+    for process in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            times = process.cpu_times()
+            seconds[process_name(process)] += times.user + times.system
+    return seconds
+
+
+def run_served(run, server: Server, prompts, costs: Costs, tokens: int) -> None:
+    before = cpu_seconds(server)
+    result = measured(run, prompts)
+    after = cpu_seconds(server)
+    costs.tokens_per_s.append(result.tokens_per_s)
+    costs.itl_p50_ms.append(result.itl_p50_ms)
+    for name, seconds in after.items():
+        costs.cpu_ms[name].append((seconds - before.get(name, 0.0)) * 1e3 / tokens)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--baseline", type=Path, help="a checkout of another revision to serve beside this one")
+    args = parser.parse_args()
+    from transformers import AutoTokenizer
+
+    w = Workload()
+    tokens = w.requests * w.new_tokens
+    tokenizer = AutoTokenizer.from_pretrained(MODEL)
+    prompts = fresh_prompts(tokenizer, w)
+    engine = InProcessEngine(MODEL, w)
+    results: dict[str, Costs] = defaultdict(Costs)
+    with contextlib.ExitStack() as stack:
+        servers = {"": ours(RESULTS / "tritonllm-serve.log.tmp")}
+        if args.baseline:
+            servers["baseline "] = ours(RESULTS / "tritonllm-baseline.log.tmp", tree=args.baseline.resolve())
+        cases = {}
+        for prefix, (server, shim_port, grpc_port) in servers.items():
+            stack.callback(server.stop)
+            cases[f"{prefix}shim"] = (shim_case("shim", shim_port)(w), server)
+            cases[f"{prefix}ensemble"] = (ensemble_case(f"127.0.0.1:{grpc_port}", w), server)
+        everyone = {id(s): s for _, s in cases.values()}.values()
+
+        def alone(server: Server | None) -> None:
+            """Only `server` runs (None: none does): an idle server's threads would take CPU from the case."""
+            for other in everyone:
+                other.resume() if other is server else other.pause()
+
+        for run, server in cases.values():  # warm-up: kernels per shape, pages of the KV cache
+            alone(server)
+            run(*next(prompts))
+        alone(None)
+        engine(next(prompts)[0])
+        for round_ in range(args.repeat):
+            print(f"[serving_cost] round {round_ + 1}: in-process", file=sys.stderr, flush=True)
+            alone(None)
+            result = measured(lambda ids, _texts: engine(ids), prompts)
+            results["in-process engine"].tokens_per_s.append(result.tokens_per_s)
+            results["in-process engine"].itl_p50_ms.append(result.itl_p50_ms)
+            for case, (run, server) in cases.items():
+                print(f"[serving_cost] round {round_ + 1}: {case}", file=sys.stderr, flush=True)
+                alone(server)
+                run_served(run, server, prompts, results[case], tokens)
+        for other in everyone:
+            other.resume()
+    write_report(results, args)
+
+
+def write_report(results: dict[str, Costs], args: argparse.Namespace) -> None:
+    names = sorted({name for costs in results.values() for name in costs.cpu_ms})
+    alone = statistics.median(results["in-process engine"].tokens_per_s)
+    lines = [
+        "# Serving cost: W1 on SmolLM2-135M-Instruct, fp32, per process",
+        "",
+        f"Command: `{' '.join(['.venv/bin/python', *sys.argv])}`. Machine: `{json.dumps(machine())}`.",
+        f"Medians of {args.repeat} runs, taken in turns. CPU ms per streamed token (4096 tokens a run).",
+        "",
+        f"| case | tokens/s | ÷ in-process | ITL p50 ms | {' | '.join(names)} | all but the llm |",
+        "|---|---|---|---|" + "---|" * (len(names) + 1),
+    ]
+    for case, costs in results.items():
+        rate = statistics.median(costs.tokens_per_s)
+        per = {name: statistics.median(values) for name, values in costs.cpu_ms.items()}
+        cells = [f"{per[name]:.2f}" if name in per else "-" for name in names]
+        outside = sum(v for name, v in per.items() if name != "llm stub") if per else None
+        lines.append(
+            f"| {case} | {rate:.1f} | {rate / alone:.2f} | {statistics.median(costs.itl_p50_ms):.1f} | "
+            + " | ".join(cells)
+            + (f" | {outside:.2f} |" if outside is not None else " | - |")
+        )
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    name = "serving_cost" if not args.baseline else "serving_cost_ab"
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    main()
