@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .embedding import EMBEDDING_MODEL_DIR_ENV
@@ -78,8 +79,11 @@ def serve(args: argparse.Namespace) -> int:
     if gguf.is_gguf(given):
         _progress(f"{given.name}: dequantized once into a cached HF directory; Q8_0 and Q4 weights stay quantized")
     model_dir = gguf.hf_model_dir(given)
-    tool_format = resolve_format(args.tool_call_parser, load_tokenizer(model_dir)).name
-    _progress(f"tool calls in the {tool_format} format")
+    # Detecting the tool-call format loads the tokenizer, seconds of imports: it runs while tritonserver loads,
+    # whose preprocessing model resolves the same setting from its own tokenizer the same way.
+    tool_format = ThreadPoolExecutor(1).submit(
+        lambda: resolve_format(args.tool_call_parser, load_tokenizer(model_dir)).name
+    )
     ports = {"--http-port": args.http_port, "--grpc-port": args.grpc_port, "--metrics-port": args.metrics_port}
     if not args.no_shim:
         ports["--shim-port"] = args.shim_port
@@ -96,7 +100,11 @@ def serve(args: argparse.Namespace) -> int:
         host=args.host,
         llm_instances=args.llm_instances,
         exit_timeout_s=args.drain_seconds,
-        env={MODEL_DIR_ENV: str(model_dir), TOOL_CALL_PARSER_ENV: tool_format, OVERRIDES_ENV: json.dumps(overrides)}
+        env={
+            MODEL_DIR_ENV: str(model_dir),
+            TOOL_CALL_PARSER_ENV: args.tool_call_parser,
+            OVERRIDES_ENV: json.dumps(overrides),
+        }
         | (
             {EMBEDDING_MODEL_DIR_ENV: str(Path(args.embedding_model_dir).resolve())} if args.embedding_model_dir else {}
         ),
@@ -112,13 +120,14 @@ def serve(args: argparse.Namespace) -> int:
             code = server.process.wait()
             _progress(f"tritonserver exited with code {code}")
             return 1
+        _progress(f"tool calls in the {tool_format.result()} format")
         settings = ShimSettings(
             triton_grpc_url=server.grpc_url,
             served_model_name=args.served_model_name or (given.stem if gguf.is_gguf(given) else given.name),
             embedding_model_name=args.embedding_model_name,
             default_max_tokens=args.default_max_tokens,
             full_text_enabled=args.full_text,
-            tool_call_parser=tool_format,
+            tool_call_parser=tool_format.result(),
             api_key=args.api_key,
         )
         _progress(f"shim on http://{args.host}:{args.shim_port} serving model {settings.served_model_name!r}")

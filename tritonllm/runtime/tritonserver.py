@@ -187,6 +187,9 @@ class TritonServer:
             "--allow-gpu-metrics=false",
             "--log-verbose=0",
             f"--exit-timeout-secs={self.exit_timeout_s}",
+            # The configs are complete. Auto-completion would start a Python stub per model only to import its
+            # model.py (torch, transformers) and ask it for a config, before the stub that serves imports it again.
+            "--disable-auto-complete-config",
         ]
 
     def start(self, timeout: float | None = None, progress: Callable[[str], None] | None = None) -> None:
