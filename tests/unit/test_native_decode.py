@@ -73,3 +73,29 @@ def test_a_stack_that_computes_otherwise_is_dropped_at_load(families, monkeypatc
     monkeypatch.setattr(native_decode.NativeDecode, "logits", lambda self, *a: right(self, *a) * 1.01)
     engine = LLMEngine(EngineConfig(str(families["llama"]), num_kv_blocks=16, block_size=8))
     assert engine.runner.decoder_stack is None
+
+
+def test_prompt_chunks_beside_decodes_go_through_the_stack_exactly(families):
+    """Prompts fed in chunks while others decode, steps mixing both: every step after load runs through the
+    stack (transformers' modules never), and the greedy output is still generate()'s."""
+    model_dir = families["llama"]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    prompts = some_prompts(4, 4000)  # 5 to 32 tokens
+    expected = [greedy_ids(hf, p, 12) for p in prompts]
+    engine = LLMEngine(EngineConfig(str(model_dir), num_kv_blocks=64, block_size=8, max_num_batched_tokens=16))
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a step ran through transformers' modules")
+
+    engine.runner.model.forward = refused
+    seqs = [Sequence(p, SamplingParams(max_tokens=12)) for p in prompts]
+    for seq in seqs:
+        engine.add(seq)
+    mixed = 0
+    while engine.has_work():
+        fed = {s.seq_id: s.num_computed for s in seqs}
+        engine.step()
+        grew = [s.num_computed - fed[s.seq_id] for s in seqs if s.num_computed > fed[s.seq_id]]
+        mixed += 1 in grew and any(n > 1 for n in grew)
+    assert mixed, "no step carried a prompt chunk beside a decode"
+    assert [s.output_ids for s in seqs] == expected

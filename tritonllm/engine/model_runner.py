@@ -79,6 +79,8 @@ class Step:
     groups: list[AttentionGroup]
     logits_to_keep: torch.Tensor
     copies: list  # KV blocks to copy first (copy on write)
+    # for the native decoder stack, in place of groups: each fed token's block table and context length
+    native_rows: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class ModelRunner:
@@ -219,13 +221,15 @@ class ModelRunner:
                 sample_rows.extend(range(last, last + 1 + len(chunk.drafts)))
         dev = self.device
         keep = sample_rows + [r for rows in context_rows.values() for r in rows]
+        native = self._native_serves(chunks, probe)
         step = Step(
             inputs=self._inputs(chunks, input_ids),
             position_ids=torch.tensor([positions], device=dev),
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            groups=self._groups(chunks),
+            groups=[] if native else self._groups(chunks),
             logits_to_keep=torch.tensor(keep or [0], device=dev),
             copies=self.blocks.pending_copies,
+            native_rows=self._native_rows(chunks) if native else None,
         )
         self.blocks.pending_copies = []
         self._assign_adapters(chunks)
@@ -243,15 +247,9 @@ class ModelRunner:
         """The step's forward pass: float32 logits of the rows it keeps."""
         if step.copies:
             self.cache.copy_blocks(step.copies)
-        if self.decoder_stack is not None and probe is None and _decodes_only(step) and not self._adapters():
-            group = step.groups[0]
+        if step.native_rows is not None:
             return self.decoder_stack.logits(
-                step.inputs["input_ids"],
-                step.position_ids,
-                step.slot_mapping,
-                group.block_index.view(len(group.context_lens), -1),
-                group.context_lens,
-                step.logits_to_keep,
+                step.inputs["input_ids"], step.position_ids, step.slot_mapping, *step.native_rows, step.logits_to_keep
             )
         batch = PagedBatch(cache=self.cache, slot_mapping=step.slot_mapping, groups=step.groups, probe=probe)
         out = self.model(
@@ -263,8 +261,23 @@ class ModelRunner:
         )
         return out.logits[0].float()
 
-    def _adapters(self) -> bool:
-        return self.lora is not None and bool(self.lora.groups)
+    def _native_serves(self, chunks: list[ScheduledChunk], probe: LayerProbe | None) -> bool:
+        """Whether the native decoder stack runs these chunks: token ids only, the model's own weights."""
+        if self.decoder_stack is None or probe is not None or self.group is not None:
+            return False
+        return all(c.seq.prompt_table is None and c.seq.adapter is None for c in chunks)
+
+    def _native_rows(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each fed token as a query of its own: its sequence's block table, and the context it sees (its own
+        position and those before it), so a prompt chunk's tokens attend causally."""
+        lens = [c.seq.num_computed + c.num_fed for c in chunks]
+        width = max(self.blocks.blocks_needed(n) for n in lens)
+        tables, contexts = [], []
+        for chunk, end in zip(chunks, lens, strict=True):
+            used = chunk.seq.block_table[: self.blocks.blocks_needed(end)]
+            tables.append(torch.tensor([used + [0] * (width - len(used))]).expand(chunk.num_fed, width))
+            contexts.append(torch.arange(end - chunk.num_fed + 1, end + 1))
+        return torch.cat(tables).to(self.device), torch.cat(contexts).to(self.device)
 
     def _assign_adapters(self, chunks: list[ScheduledChunk]) -> None:
         if self.lora is None:
@@ -348,8 +361,3 @@ class ModelRunner:
             key_buffer=torch.empty(buffer_shape, dtype=self.dtype, device=dev),
             value_buffer=torch.empty(buffer_shape, dtype=self.dtype, device=dev),
         )
-
-
-def _decodes_only(step: Step) -> bool:
-    """One token of each sequence, by token ids: the steps the native decoder stack serves."""
-    return "input_ids" in step.inputs and len(step.groups) == 1 and step.groups[0].padded is None

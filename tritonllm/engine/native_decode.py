@@ -1,16 +1,18 @@
-"""Decode steps of Llama-family models through one native call for the whole decoder stack
+"""Steps of Llama-family models through one native call for the whole decoder stack
 (kernels/decoder_layers.cpp), instead of transformers' per-module Python.
 
-For one sequence on a 2-core CPU, SmolLM2's step spends about a third of its time outside the matmuls: some
-2,000 small tensor ops and 300 module calls, each a few microseconds of Python and dispatch. The native stack
-does the same arithmetic in one call: the embedding lookup, the rotary tables (the model's own rotary module,
-so every rope scaling it knows applies), the final norm and the output layer stay the model's.
+For one sequence on a 2-core CPU, SmolLM2's decode step spends about a third of its time outside the matmuls:
+some 2,000 small tensor ops and 300 module calls, each a few microseconds of Python and dispatch; a step that
+carries a prompt chunk pays some 50 ms of it whatever the chunk's size. The native stack does the same arithmetic
+in one call, for every fed token of the step (each a query row that sees its own sequence's cache up to its own
+position, so decodes and prompt chunks go together); the embedding lookup, the rotary tables (the model's own
+rotary module, so every rope scaling it knows applies), the final norm and the output layer stay the model's.
 
 It serves only what it computes exactly as transformers does: the architectures named in ARCHITECTURES, on CPU
 in float32, with float32 weights (the q/k/v and gate/up projections fused, fused_projections.py) or GGUF blocks
-(quantized_linear.py), no sliding window, and SiLU; a step with anything else (a prefill chunk, drafts, prompt
-tables, a LoRA adapter, the load-time probe) goes through transformers. At load, the model check runs a decode
-step both ways and keeps the native stack only when the logits agree to float32's rounding.
+(quantized_linear.py), no sliding window, and SiLU; a step with anything else (prompt tables, a LoRA adapter,
+the load-time probe) goes through transformers. At load, the model check runs a prefill and a decode step both
+ways and keeps the native stack only when the logits agree to float32's rounding.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ import torch
 from . import cpu_kernels
 from .fused_projections import SiblingLinear
 from .lora import LoraLinear
-from .native_linear import NativeLinear
-from .quantized_linear import QuantizedLinear
+from .native_linear import NATIVE_ROWS, NativeLinear
+from .quantized_linear import GEMM_ROWS, QuantizedLinear
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,7 @@ class NativeDecode:
         stack.kv_heads = getattr(model.config, "num_key_value_heads", None) or stack.heads
         stack.eps = layers[0].input_layernorm.variance_epsilon
         stack.scale = attention.scaling
+        stack.gemm_rows = (NATIVE_ROWS, GEMM_ROWS)  # where each kind of projection turns to the BLAS GEMM
         self.stack = stack
 
     def logits(
@@ -92,7 +95,8 @@ class NativeDecode:
         context_lens: torch.Tensor,
         keep: torch.Tensor,
     ) -> torch.Tensor:
-        """float32 logits of the rows `keep` of one decode token per sequence (input_ids, position_ids [1, B])."""
+        """float32 logits of the rows `keep` of the step's fed tokens (input_ids, position_ids [1, T]); each token's
+        row of block_tables [T, max_blocks] is its sequence's, context_lens [T] its position + 1."""
         inner = self.model.model
         hidden = inner.embed_tokens(input_ids)
         cos, sin = inner.rotary_emb(hidden, position_ids)

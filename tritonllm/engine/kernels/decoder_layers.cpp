@@ -1,10 +1,13 @@
-// A decode step's whole decoder stack of a Llama-family model in one native call: per layer, RMSNorm, the fused
-// q/k/v projection, rotary embedding, the new K/V written into the paged cache, decode attention read in place,
-// the output projection and residual, RMSNorm, the fused gate/up projection, SiLU(gate) * up, the down
-// projection and residual. Each projection is float32 or GGUF blocks, as the model loaded it. It computes what transformers' LlamaDecoderLayer computes, op for op, in float32; the
-// Python side (native_decode.py) decides which models and steps it serves and checks it against transformers at
-// load. Without it, a step of SmolLM2 makes some 2,000 small tensor ops and 300 module calls from Python, a
-// third of a one-sequence step.
+// A step's whole decoder stack of a Llama-family model in one native call, every fed token a query row of its own
+// (one per sequence in a decode step, a prompt chunk's tokens side by side in a prefill): per layer, RMSNorm, the
+// fused q/k/v projection, rotary embedding, the new K/V written into the paged cache, attention read in place
+// (each row sees its sequence's cache up to its own position, so a chunk's rows are causal), the output
+// projection and residual, RMSNorm, the fused gate/up projection, SiLU(gate) * up, the down projection and
+// residual. Each projection is float32 or GGUF blocks, as the model loaded it. It computes what transformers'
+// LlamaDecoderLayer computes, op for op, in float32; the Python side (native_decode.py) decides which models and
+// steps it serves and checks it against transformers at load. Without it, a step of SmolLM2 makes some 2,000
+// small tensor ops and 300 module calls from Python: a third of a one-sequence step, and some 50 ms of any step
+// that carries a prompt chunk.
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
 #define CPU_CAPABILITY_AVX512
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -12,6 +15,7 @@
 #endif
 
 #include <torch/extension.h>
+#include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
@@ -22,6 +26,7 @@
 torch::Tensor dense_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor bias);
 torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
                                int64_t bits);
+torch::Tensor dequantize(torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins, int64_t bits);
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                      torch::Tensor block_tables, torch::Tensor context_lens, double scale,
                                      int64_t window, double softcap);
@@ -30,18 +35,22 @@ namespace {
 
 using Vec = at::vec::Vectorized<float>;
 
+constexpr int64_t kRowsPerTask = 16;  // rows of the element-wise work a thread takes at a time (a prefill's many)
+
 // out = weight * (x / sqrt(mean(x^2) + eps)), row by row.
 void rms_norm(const torch::Tensor& x, const torch::Tensor& weight, float eps, torch::Tensor& out) {
-  const int64_t rows = x.size(0), n = x.size(1);
+  const int64_t n = x.size(1);
   const float* w = weight.data_ptr<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* in = x.data_ptr<float>() + r * n;
-    float* o = out.data_ptr<float>() + r * n;
-    const float squares = at::vec::map_reduce_all<float>([](Vec v) { return v * v; },
-                                                          [](Vec a, Vec b) { return a + b; }, in, n);
-    const float inverse = 1.f / std::sqrt(squares / n + eps);
-    for (int64_t i = 0; i < n; ++i) o[i] = w[i] * (in[i] * inverse);
-  }
+  at::parallel_for(0, x.size(0), kRowsPerTask, [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) {
+      const float* in = x.data_ptr<float>() + r * n;
+      float* o = out.data_ptr<float>() + r * n;
+      const float squares = at::vec::map_reduce_all<float>([](Vec v) { return v * v; },
+                                                            [](Vec a, Vec b) { return a + b; }, in, n);
+      const float inverse = 1.f / std::sqrt(squares / n + eps);
+      for (int64_t i = 0; i < n; ++i) o[i] = w[i] * (in[i] * inverse);
+    }
+  });
 }
 
 // x * cos + rotate_half(x) * sin for each head of one token, rotate_half(x) = (-x[half:], x[:half]).
@@ -59,16 +68,24 @@ void rotate(float* x, const float* cos, const float* sin, int64_t heads, int64_t
 
 // out[r] = silu(gate_up[r, :n]) * gate_up[r, n:], silu(g) = g / (1 + exp(-g)).
 void silu_and_mul(const torch::Tensor& gate_up, torch::Tensor& out) {
-  const int64_t rows = out.size(0), n = out.size(1);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* gate = gate_up.data_ptr<float>() + r * 2 * n;
-    const float* up = gate + n;
-    float* o = out.data_ptr<float>() + r * n;
-    at::vec::map2([](Vec g, Vec u) { return g / (Vec(1.f) + g.neg().exp()) * u; }, o, gate, up, n);
-  }
+  const int64_t n = out.size(1);
+  at::parallel_for(0, out.size(0), kRowsPerTask, [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) {
+      const float* gate = gate_up.data_ptr<float>() + r * 2 * n;
+      const float* up = gate + n;
+      float* o = out.data_ptr<float>() + r * n;
+      at::vec::map2([](Vec g, Vec u) { return g / (Vec(1.f) + g.neg().exp()) * u; }, o, gate, up, n);
+    }
+  });
 }
 
 }  // namespace
+
+// How many rows a projection takes before the BLAS GEMM does better than the project's kernels (native_linear.py's
+// NATIVE_ROWS for float32, quantized_linear.py's GEMM_ROWS for blocks, which are widened to float32 for it).
+struct GemmRows {
+  int64_t dense = 48, quantized = 64;
+};
 
 // One linear layer: float32 weights [N, K] (bits 0), or GGUF blocks of 8 or 4 bits as quantized_linear.cpp
 // reads them. An empty bias stands for none.
@@ -76,8 +93,14 @@ struct Projection {
   torch::Tensor weight, scales, mins, bias;
   int64_t bits = 0;
 
-  torch::Tensor operator()(const torch::Tensor& x) const {
+  torch::Tensor operator()(const torch::Tensor& x, const GemmRows& gemm) const {
+    const int64_t rows = x.size(0);
+    if (bits == 0 && rows > gemm.dense) return bias.numel() ? at::linear(x, weight, bias) : at::linear(x, weight);
     if (bits == 0) return dense_linear(x, weight, bias);
+    if (rows >= gemm.quantized) {
+      const torch::Tensor widened = dequantize(weight, scales, mins, bits);
+      return bias.numel() ? at::linear(x, widened, bias) : at::linear(x, widened);
+    }
     torch::Tensor out = quantized_linear(x, weight, scales, mins, bits);
     if (bias.numel()) out.add_(bias);
     return out;
@@ -86,10 +109,10 @@ struct Projection {
 
 // The projections of one input, their outputs side by side: [q | k | v], or [gate | up]. One projection when
 // the model's weights were fused (fused_projections.py), else each of its own.
-torch::Tensor project(const std::vector<Projection>& parts, const torch::Tensor& x) {
-  if (parts.size() == 1) return parts[0](x);
+torch::Tensor project(const std::vector<Projection>& parts, const torch::Tensor& x, const GemmRows& gemm) {
+  if (parts.size() == 1) return parts[0](x, gemm);
   std::vector<torch::Tensor> outs;
-  for (const Projection& part : parts) outs.push_back(part(x));
+  for (const Projection& part : parts) outs.push_back(part(x, gemm));
   return torch::cat(outs, 1);
 }
 
@@ -100,10 +123,11 @@ struct DecoderLayers {
   std::vector<Projection> o, down;
   int64_t heads, kv_heads, dim;
   double eps, scale;
+  GemmRows gemm;
 
-  // hidden: [B, H], one token of each of B sequences; cos, sin: [B, dim]; slots: [B] cache slot of each token;
-  // block_tables [B, max_blocks], context_lens [B] as paged_decode_attention takes them. Returns the last
-  // layer's output [B, H] (before the model's final norm).
+  // hidden: [B, H], B fed tokens; cos, sin: [B, dim]; slots: [B] cache slot of each token; block_tables
+  // [B, max_blocks] (each row its sequence's table) and context_lens [B] (each row's position + 1) as
+  // paged_decode_attention takes them. Returns the last layer's output [B, H] (before the model's final norm).
   torch::Tensor forward(torch::Tensor hidden, torch::Tensor cos, torch::Tensor sin, torch::Tensor slots,
                         torch::Tensor block_tables, torch::Tensor context_lens) const {
     TORCH_CHECK(hidden.dim() == 2 && hidden.scalar_type() == torch::kFloat32, "hidden: [B, H] float32");
@@ -117,24 +141,28 @@ struct DecoderLayers {
     const int64_t* slot = slots.data_ptr<int64_t>();
     for (size_t l = 0; l < qkv.size(); ++l) {
       rms_norm(x, input_norm[l], static_cast<float>(eps), normed);
-      torch::Tensor projected = project(qkv[l], normed);  // [B, q | k | v]
+      torch::Tensor projected = project(qkv[l], normed, gemm);  // [B, q | k | v]
       float* p = projected.data_ptr<float>();
       float* keys = k_cache[l].data_ptr<float>();
       float* values = v_cache[l].data_ptr<float>();
-      for (int64_t b = 0; b < batch; ++b) {
-        float* row = p + b * (q_size + 2 * kv_size);
-        rotate(row, cos.data_ptr<float>() + b * dim, sin.data_ptr<float>() + b * dim, heads, dim);
-        rotate(row + q_size, cos.data_ptr<float>() + b * dim, sin.data_ptr<float>() + b * dim, kv_heads, dim);
-        std::copy(row + q_size, row + q_size + kv_size, keys + slot[b] * kv_size);
-        std::copy(row + q_size + kv_size, row + q_size + 2 * kv_size, values + slot[b] * kv_size);
-      }
+      // Every row's key and value go into the cache before any row attends: a prompt chunk's later rows see its
+      // earlier ones there.
+      at::parallel_for(0, batch, kRowsPerTask, [&](int64_t first, int64_t last) {
+        for (int64_t b = first; b < last; ++b) {
+          float* row = p + b * (q_size + 2 * kv_size);
+          rotate(row, cos.data_ptr<float>() + b * dim, sin.data_ptr<float>() + b * dim, heads, dim);
+          rotate(row + q_size, cos.data_ptr<float>() + b * dim, sin.data_ptr<float>() + b * dim, kv_heads, dim);
+          std::copy(row + q_size, row + q_size + kv_size, keys + slot[b] * kv_size);
+          std::copy(row + q_size + kv_size, row + q_size + 2 * kv_size, values + slot[b] * kv_size);
+        }
+      });
       torch::Tensor q = projected.narrow(1, 0, q_size).contiguous().view({batch, heads, dim});
       torch::Tensor attended =
           paged_decode_attention(q, k_cache[l], v_cache[l], block_tables, context_lens, scale, 0, 0.0);
-      x.add_(o[l](attended.view({batch, q_size})));
+      x.add_(o[l](attended.view({batch, q_size}), gemm));
       rms_norm(x, post_norm[l], static_cast<float>(eps), normed);
-      silu_and_mul(project(gate_up[l], normed), activated);
-      x.add_(down[l](activated));
+      silu_and_mul(project(gate_up[l], normed, gemm), activated);
+      x.add_(down[l](activated, gemm));
     }
     return x;
   }
@@ -146,7 +174,7 @@ void bind_decoder_layers(pybind11::module& m) {
       .def(py::init([](torch::Tensor weight, torch::Tensor scales, torch::Tensor mins, torch::Tensor bias,
                        int64_t bits) { return Projection{weight, scales, mins, bias, bits}; }),
            py::arg("weight"), py::arg("scales"), py::arg("mins"), py::arg("bias"), py::arg("bits"));
-  py::class_<DecoderLayers>(m, "DecoderLayers", "A Llama-family decoder stack for decode steps (CPU, float32)")
+  py::class_<DecoderLayers>(m, "DecoderLayers", "A Llama-family decoder stack for a step's fed tokens (CPU, float32)")
       .def(py::init<>())
       .def_readwrite("input_norm", &DecoderLayers::input_norm)
       .def_readwrite("post_norm", &DecoderLayers::post_norm)
@@ -161,5 +189,8 @@ void bind_decoder_layers(pybind11::module& m) {
       .def_readwrite("dim", &DecoderLayers::dim)
       .def_readwrite("eps", &DecoderLayers::eps)
       .def_readwrite("scale", &DecoderLayers::scale)
+      .def_property(
+          "gemm_rows", [](const DecoderLayers& d) { return std::make_pair(d.gemm.dense, d.gemm.quantized); },
+          [](DecoderLayers& d, std::pair<int64_t, int64_t> rows) { d.gemm = {rows.first, rows.second}; })
       .def("forward", &DecoderLayers::forward, py::call_guard<py::gil_scoped_release>());
 }
