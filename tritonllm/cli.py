@@ -14,7 +14,7 @@ from pathlib import Path
 from .embedding import EMBEDDING_MODEL_DIR_ENV
 from .engine.config import OVERRIDES_ENV, EngineConfig, kind_of
 from .runtime.model_config import MODEL_DIR_ENV, TOOL_CALL_PARSER_ENV
-from .tokenizer.tool_calls import FORMATS, resolve_format
+from .tokenizer.tool_calls import FORMATS, resolve_format_of
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODELS = PROJECT_ROOT / "models"
@@ -56,7 +56,6 @@ def _interrupt(*_) -> None:
 def serve(args: argparse.Namespace) -> int:
 
     from .runtime import gguf
-    from .runtime.model_config import load_tokenizer
     from .runtime.tritonserver import ServerError, TritonServer, port_is_free
     from .shim.settings import ShimSettings
 
@@ -79,11 +78,9 @@ def serve(args: argparse.Namespace) -> int:
     if gguf.is_gguf(given):
         _progress(f"{given.name}: dequantized once into a cached HF directory; Q8_0 and Q4 weights stay quantized")
     model_dir = gguf.hf_model_dir(given)
-    # Detecting the tool-call format loads the tokenizer, seconds of imports: it runs while tritonserver loads,
-    # whose preprocessing model resolves the same setting from its own tokenizer the same way.
-    tool_format = ThreadPoolExecutor(1).submit(
-        lambda: resolve_format(args.tool_call_parser, load_tokenizer(model_dir)).name
-    )
+    # Detecting the tool-call format loads the tokenizer on a first start, seconds of imports: it runs while
+    # tritonserver loads, whose preprocessing model resolves the same setting from its own tokenizer the same way.
+    tool_format = ThreadPoolExecutor(1).submit(lambda: resolve_format_of(args.tool_call_parser, model_dir).name)
     ports = {"--http-port": args.http_port, "--grpc-port": args.grpc_port, "--metrics-port": args.metrics_port}
     if not args.no_shim:
         ports["--shim-port"] = args.shim_port

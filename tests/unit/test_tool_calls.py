@@ -185,3 +185,23 @@ def test_call_schemas_close_objects_that_list_their_properties():
     assert arguments["properties"]["p"]["additionalProperties"] is False
     assert arguments["properties"]["p"]["properties"]["q"] == {"const": {"properties": 1}}  # data stays as it is
     assert arguments["properties"]["m"] == open_map  # a schema that says otherwise keeps its word
+
+
+def test_serve_detects_the_tool_call_format_once_then_reads_it_from_the_cache(tmp_path, monkeypatch):
+    from conftest import MODELS
+
+    from tritonllm.runtime import model_config
+    from tritonllm.tokenizer.model_cache import CACHE_ENV
+    from tritonllm.tokenizer.tool_calls import resolve_format_of
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    model = MODELS / "SmolLM2-135M-Instruct"
+    expected = detect_format(AutoTokenizer.from_pretrained(model))
+    assert resolve_format_of("auto", model) == expected
+
+    def not_again(_):
+        raise AssertionError("the tokenizer was loaded again")
+
+    monkeypatch.setattr(model_config, "load_tokenizer", not_again)
+    assert resolve_format_of("auto", model) == expected
+    assert resolve_format_of("hermes", model) == FORMATS["hermes"]

@@ -19,7 +19,10 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from . import model_cache
 
 ARGUMENT_KEYS = ("arguments", "parameters")
 
@@ -137,6 +140,22 @@ def resolve_format(name: str, tokenizer=None) -> ToolCallFormat:
     if name not in FORMATS:
         raise ValueError(f"tool_call_parser must be 'auto' or one of {sorted(FORMATS)}, got {name!r}")
     return FORMATS[name]
+
+
+def resolve_format_of(name: str, model_dir: Path) -> ToolCallFormat:
+    """resolve_format for a model directory; `auto` is detected once and then read from the model cache, so that
+    `serve` need not load the tokenizer through transformers on every start."""
+    if name != "auto":
+        return resolve_format(name)
+    cached = model_cache.cached_file(model_dir, "tool_format", derived_by=Path(__file__))
+    known = cached.read_text().strip() if cached.is_file() else ""
+    if known in FORMATS:
+        return FORMATS[known]
+    from ..runtime.model_config import load_tokenizer
+
+    detected = detect_format(load_tokenizer(model_dir))
+    model_cache.write(cached, detected.name)
+    return detected
 
 
 def system_prompt(tools: list[dict[str, Any]], fmt: ToolCallFormat) -> str:
