@@ -78,9 +78,11 @@ def serve(args: argparse.Namespace) -> int:
     if gguf.is_gguf(given):
         _progress(f"{given.name}: dequantized once into a cached HF directory; Q8_0 and Q4 weights stay quantized")
     model_dir = gguf.hf_model_dir(given)
-    # Detecting the tool-call format loads the tokenizer on a first start, seconds of imports: it runs while
-    # tritonserver loads, whose preprocessing model resolves the same setting from its own tokenizer the same way.
-    tool_format = ThreadPoolExecutor(1).submit(lambda: resolve_format_of(args.tool_call_parser, model_dir).name)
+    # The shim's tool-call format. Detecting it loads the tokenizer on a first start, seconds of imports: it runs
+    # while tritonserver loads, whose preprocessing model resolves the same setting from its own tokenizer the
+    # same way.
+    if not args.no_shim:
+        tool_format = ThreadPoolExecutor(1).submit(lambda: resolve_format_of(args.tool_call_parser, model_dir).name)
     ports = {"--http-port": args.http_port, "--grpc-port": args.grpc_port, "--metrics-port": args.metrics_port}
     if not args.no_shim:
         ports["--shim-port"] = args.shim_port
