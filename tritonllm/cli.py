@@ -78,11 +78,6 @@ def serve(args: argparse.Namespace) -> int:
     if gguf.is_gguf(given):
         _progress(f"{given.name}: dequantized once into a cached HF directory; Q8_0 and Q4 weights stay quantized")
     model_dir = gguf.hf_model_dir(given)
-    # The shim's tool-call format. Detecting it loads the tokenizer on a first start, seconds of imports: it runs
-    # while tritonserver loads, whose preprocessing model resolves the same setting from its own tokenizer the
-    # same way.
-    if not args.no_shim:
-        tool_format = ThreadPoolExecutor(1).submit(lambda: resolve_format_of(args.tool_call_parser, model_dir).name)
     ports = {"--http-port": args.http_port, "--grpc-port": args.grpc_port, "--metrics-port": args.metrics_port}
     if not args.no_shim:
         ports["--shim-port"] = args.shim_port
@@ -90,6 +85,11 @@ def serve(args: argparse.Namespace) -> int:
         if not port_is_free(args.host, port):
             _progress(f"port {port} on {args.host} ({flag}) is in use; pick another with {flag}")
             return 2
+    # The shim's tool-call format (--no-shim needs none). Detecting it loads the tokenizer on a first start, seconds
+    # of imports: it runs while tritonserver loads, whose preprocessing model resolves the same setting from its
+    # own tokenizer the same way.
+    if not args.no_shim:
+        tool_format = ThreadPoolExecutor(1).submit(lambda: resolve_format_of(args.tool_call_parser, model_dir).name)
 
     server = TritonServer(
         Path(args.model_repository),
@@ -119,14 +119,15 @@ def serve(args: argparse.Namespace) -> int:
             code = server.process.wait()
             _progress(f"tritonserver exited with code {code}")
             return 1
-        _progress(f"tool calls in the {tool_format.result()} format")
+        parser = tool_format.result()
+        _progress(f"tool calls in the {parser} format")
         settings = ShimSettings(
             triton_grpc_url=server.grpc_url,
             served_model_name=args.served_model_name or (given.stem if gguf.is_gguf(given) else given.name),
             embedding_model_name=args.embedding_model_name,
             default_max_tokens=args.default_max_tokens,
             full_text_enabled=args.full_text,
-            tool_call_parser=tool_format.result(),
+            tool_call_parser=parser,
             api_key=args.api_key,
         )
         _progress(f"shim on http://{args.host}:{args.shim_port} serving model {settings.served_model_name!r}")

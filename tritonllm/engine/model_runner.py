@@ -263,19 +263,20 @@ class ModelRunner:
 
     def _native_serves(self, chunks: list[ScheduledChunk], probe: LayerProbe | None) -> bool:
         """Whether the native decoder stack runs these chunks: token ids only, the model's own weights."""
-        if self.decoder_stack is None or probe is not None or self.group is not None:
+        if self.decoder_stack is None or probe is not None:  # one rank only: tensor parallel builds no stack
             return False
         return all(c.seq.prompt_table is None and c.seq.adapter is None for c in chunks)
 
     def _native_rows(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor, torch.Tensor]:
         """Each fed token as a query of its own: its sequence's block table, and the context it sees (its own
         position and those before it), so a prompt chunk's tokens attend causally."""
-        lens = [c.seq.num_computed + c.num_fed for c in chunks]
-        width = max(self.blocks.blocks_needed(n) for n in lens)
+        ends = [c.seq.num_computed + c.num_fed for c in chunks]
+        needed = [self.blocks.blocks_needed(end) for end in ends]
+        width = max(needed)
         tables, contexts = [], []
-        for chunk, end in zip(chunks, lens, strict=True):
-            used = chunk.seq.block_table[: self.blocks.blocks_needed(end)]
-            tables.append(torch.tensor([used + [0] * (width - len(used))]).expand(chunk.num_fed, width))
+        for chunk, end, used in zip(chunks, ends, needed, strict=True):
+            table = chunk.seq.block_table[:used] + [0] * (width - used)
+            tables.append(torch.tensor([table]).expand(chunk.num_fed, width))
             contexts.append(torch.arange(end - chunk.num_fed + 1, end + 1))
         return torch.cat(tables).to(self.device), torch.cat(contexts).to(self.device)
 
