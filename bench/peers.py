@@ -15,8 +15,8 @@ request alone, the same shape). Servers, on loopback, each started once and kept
   ensemble    the same server's Triton ensemble over gRPC streams
 The cases take turns (round-robin, `--repeat` rounds, fresh prompts every run, none served from another's
 prefix cache), the servers of the other cases stopped meanwhile; each case keeps its median run. Then the same
-for llama.cpp and this project on the wheel's Q4_1 file as it is, with the greedy agreement of each with the
-dequantized model.
+for llama.cpp and this project on the wheel's Q4_1 file as it is (exact, and with the opt-in int8_activations),
+with the greedy agreement of each with transformers' generate() on the dequantized model.
 """
 
 from __future__ import annotations
@@ -341,11 +341,19 @@ def q4_1_cases(stack: contextlib.ExitStack) -> tuple[Cases, dict[str, int]]:
     stack.callback(llama.stop)
     server, shim_port, _ = ours(RESULTS / "tritonllm-serve.log.tmp", model=Q4_1_GGUF)
     stack.callback(server.stop)
-    labels = {"llama.cpp llama-server (Q4_1 GGUF)": llama_port, "this project, shim, Q4_1 kept quantized": shim_port}
-    llama_label, shim_label = labels
+    repository = repository_with("int8_activations=true", CACHE / "int8")
+    int8, int8_port, _ = ours(RESULTS / "tritonllm-int8.log.tmp", model=Q4_1_GGUF, repository=repository)
+    stack.callback(int8.stop)
+    labels = {
+        "llama.cpp llama-server (Q4_1 GGUF)": llama_port,
+        "this project, shim, Q4_1 kept quantized": shim_port,
+        "this project, shim, Q4_1, int8_activations (opt-in)": int8_port,
+    }
+    llama_label, shim_label, int8_label = labels
     cases = {
         "llama.cpp": (llama_cpp_case(llama_label, llama_port), llama),
         "shim": (shim_case(shim_label, shim_port), server),
+        "int8": (shim_case(int8_label, int8_port), int8),
     }
     return cases, labels
 
@@ -405,22 +413,22 @@ def run_all(tokenizer, cases: Cases, repeat: int) -> dict[str, list[Result]]:
 
 
 def greedy_reference(tokenizer, count: int = 20, new_tokens: int = 32) -> tuple[list[str], list[list[int]]]:
-    """`count` prompts and the dequantized (float32) model's greedy continuations of them, from this project's
-    engine in-process, whose greedy output the test suite holds equal to transformers' generate()."""
+    """`count` prompts and transformers' own greedy continuations of them (generate(), EOS suppressed as the
+    servers ignore it) by the float32 model dequantized from the Q4_1 file: the default model's weights."""
+    import torch
     from run import make_prompts
-
-    from tritonllm.engine.engine import EngineConfig, LLMEngine
-    from tritonllm.engine.sampling_params import SamplingParams
-    from tritonllm.engine.sequence import Sequence
+    from transformers import AutoModelForCausalLM
 
     ids, texts = make_prompts(tokenizer, Workload(requests=count), seed=999, english=True)
-    engine = LLMEngine(EngineConfig(str(MODEL), num_kv_blocks=256))
-    seqs = [Sequence(prompt, SamplingParams(max_tokens=new_tokens)) for prompt in ids]
-    for seq in seqs:
-        engine.add(seq)
-    while engine.has_work():
-        engine.step()
-    return texts, [seq.output_ids for seq in seqs]
+    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
+    outputs = []
+    with torch.inference_mode():
+        for prompt in ids:
+            out = model.generate(
+                torch.tensor([prompt]), do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens
+            )
+            outputs.append(out[0, len(prompt) :].tolist())
+    return texts, outputs
 
 
 def greedy_agreement(port: int, tokenizer, texts: list[str], expected: list[list[int]]) -> dict:
@@ -469,7 +477,8 @@ def write_report(sections: dict[str, dict[str, list[Result]]], agreement: dict[s
     lines += [
         "## Q4_1: greedy agreement with the dequantized model",
         "",
-        "20 prompts, 32 greedy tokens each, against the float32 model dequantized from the same file.",
+        "20 prompts, 32 greedy tokens each, against transformers' generate() on the float32 model dequantized from",
+        "the same file (the default model's weights).",
         "",
         "| server | identical completions | share of the text before the first difference |",
         "|---|---|---|",

@@ -55,6 +55,28 @@ def test_the_layer_equals_a_float32_linear_over_the_dequantized_weight(kind, row
     torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-4)
 
 
+def rounded_to_int8_blocks(x: torch.Tensor) -> torch.Tensor:
+    """x with each block of 32 values rounded to int8 on a scale of max |x| / 127, as llama.cpp's Q8 inputs are
+    (round half to even)."""
+    blocks = x.reshape(*x.shape[:-1], -1, 32)
+    scale = blocks.abs().amax(-1, keepdim=True) / 127
+    return (torch.round(blocks / torch.where(scale == 0, 1, scale)) * scale).reshape(x.shape)
+
+
+@pytest.mark.parametrize("kind", FORMATS)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 8, 13])
+def test_int8_activations_multiply_the_input_rounded_to_8_bit_blocks(kind, rows):
+    blocks, reference = quantized(kind, in_features=576)
+    bias = torch.randn(blocks.shape[0])
+    layer = QuantizedLinear(blocks, bias, int8_activations=True)
+    x = torch.randn(rows, blocks.shape[1])
+    x[0, :32] = 0  # an all-zero block has scale 0
+    expected = F.linear(rounded_to_int8_blocks(x).double(), torch.from_numpy(reference).double(), bias.double())
+    torch.testing.assert_close(layer(x).double(), expected, rtol=1e-5, atol=1e-4)
+    exact = F.linear(x, torch.from_numpy(reference), bias)
+    assert not torch.allclose(layer(x), exact, rtol=1e-5, atol=1e-4)  # it is the rounded input that counts
+
+
 @pytest.fixture(scope="module")
 def smollm2_q4_1(smollm2_gguf):
     return smollm2_gguf, gguf.hf_model_dir(smollm2_gguf)
@@ -91,3 +113,22 @@ def test_a_layer_whose_blocks_differ_from_its_weight_stays_float32(smollm2_q4_1)
     assert quantized_linear.quantize_from_gguf(model, file) == 210
     assert type(model.model.layers[3].mlp.up_proj) is torch.nn.Linear
     assert isinstance(model.model.layers[3].mlp.down_proj, QuantizedLinear)
+
+
+def test_int8_activations_serve_the_q4_1_model_close_to_exact(smollm2_q4_1):
+    """The opt-in reaches every block layer and the native stack, passes the load-time check, and its logits stay
+    within a few percent of the exact ones (what 8-bit inputs cost; the greedy agreement is bench/peers.py's)."""
+    file, model_dir = smollm2_q4_1
+    logits = {}
+    for int8 in (False, True):
+        engine = LLMEngine(EngineConfig(str(model_dir), num_kv_blocks=64, gguf_file=str(file), int8_activations=int8))
+        layers = [m for m in engine.runner.model.modules() if isinstance(m, QuantizedLinear)]
+        assert len(layers) == 211 and all(layer.int8_activations == int8 for layer in layers)
+        assert engine.runner.decoder_stack is not None
+        seq = Sequence(list(range(300, 340)), SamplingParams(max_tokens=2, return_generation_logits=True))
+        engine.add(seq)
+        while engine.has_work():
+            engine.step()
+        logits[int8] = torch.stack(seq.generation_logits)
+    gap = (logits[True] - logits[False]).abs().max() / logits[False].abs().max()
+    assert 0 < gap < 0.05

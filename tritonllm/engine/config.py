@@ -45,6 +45,11 @@ class EngineConfig:
     quantized_weights: bool = setting(
         True, "a model served from a .gguf file keeps its Q8_0/Q4_0/Q4_1 weights quantized"
     )
+    int8_activations: bool = setting(
+        False,
+        "quantized weights multiply the input rounded to 8 bits per 32 values, with integer dot products as "
+        "llama.cpp does: faster, not exact (greedy output may differ from transformers')",
+    )
     tensor_parallel_size: int = setting(
         1, "processes that split each layer's heads and MLP between them (torch.distributed: gloo on CPU, NCCL on GPUs)"
     )

@@ -21,7 +21,14 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-KERNELS = ("paged_decode_attention.cpp", "dense_linear.cpp", "quantized_linear.cpp", "decoder_layers.cpp", "module.cpp")
+KERNELS = (
+    "paged_decode_attention.cpp",
+    "dense_linear.cpp",
+    "quantized_linear.cpp",
+    "quantized_linear_int8.cpp",
+    "decoder_layers.cpp",
+    "module.cpp",
+)
 SOURCES = [Path(__file__).parent / "kernels" / name for name in KERNELS]
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "torch_extensions"
 DISABLE_ENV = "TRITONLLM_NO_NATIVE_KERNELS"

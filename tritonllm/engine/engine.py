@@ -54,6 +54,7 @@ class LLMEngine:
             config.enable_lora,
             Path(config.gguf_file) if config.gguf_file and config.quantized_weights else None,
             config.tensor_parallel_size,
+            int8_activations=config.int8_activations,
         )
         self.step_cost = StepCost(slowdown=config.prefill_slowdown)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens, self.step_cost)

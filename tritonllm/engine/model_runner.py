@@ -94,9 +94,11 @@ class ModelRunner:
         gguf_file: Path | None = None,
         tensor_parallel_size: int = 1,
         place: tensor_parallel.Place | None = None,
+        int8_activations: bool = False,
     ):
         """`place`: this process's rank, for ranks 1.. of a tensor-parallel engine (tensor_parallel.py); rank 0,
-        the engine's own process, gives `tensor_parallel_size` and starts the others."""
+        the engine's own process, gives `tensor_parallel_size` and starts the others. `int8_activations`: the
+        GGUF blocks multiply 8-bit inputs (quantized_linear.py)."""
         from transformers import AutoConfig, AutoModelForCausalLM
 
         self.device = resolve_device(device)
@@ -118,6 +120,7 @@ class ModelRunner:
         native = self.device.type == "cpu" and self.dtype == torch.float32 and cpu_kernels.native() is not None
         world = place.world if place is not None else tensor_parallel_size
         self.quantized_layers = 0
+        self.int8_activations = False  # some layers multiply 8-bit inputs: the model check allows for it
         self.lora = None
         self.decoder_stack: native_decode.NativeDecode | None = None
         self.group: tensor_parallel.Group | None = None
@@ -127,7 +130,8 @@ class ModelRunner:
                 log.info("tensor_parallel_size=%d: the weights run dequantized, and LoRA is off", world)
         else:
             if gguf_file is not None and native:
-                self.quantized_layers = quantized_linear.quantize_from_gguf(self.model, gguf_file)
+                self.quantized_layers = quantized_linear.quantize_from_gguf(self.model, gguf_file, int8_activations)
+                self.int8_activations = int8_activations and self.quantized_layers > 0
             fast_linears = native_linear.available(self.device, self.dtype)
             fused_projections.fuse(self.model, fast_linears)
             if fast_linears:

@@ -127,5 +127,5 @@ def _projection(layer: torch.nn.Module):
     bias = _NO_BIAS if layer.bias is None else layer.bias.detach()
     native = cpu_kernels.native()
     if isinstance(layer, QuantizedLinear):
-        return native.Projection(layer.qweight, layer.scales, layer.mins, bias, layer.bits)
-    return native.Projection(layer.weight.detach(), _NO_BIAS, _NO_BIAS, bias, 0)
+        return native.Projection(layer.qweight, layer.scales, layer.mins, bias, layer.bits, layer.int8_activations)
+    return native.Projection(layer.weight.detach(), _NO_BIAS, _NO_BIAS, bias, 0, False)

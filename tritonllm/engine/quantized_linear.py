@@ -89,10 +89,14 @@ def _floats(halves: np.ndarray) -> torch.Tensor:
 
 
 class QuantizedLinear(torch.nn.Module):
-    def __init__(self, weight: BlockQuantized, bias: torch.Tensor | None) -> None:
+    """`int8_activations`: decode-sized inputs are rounded to 8 bits per block and multiplied with integer dot
+    products (kernels/quantized_linear_int8.cpp), as llama.cpp does; faster, not exact."""
+
+    def __init__(self, weight: BlockQuantized, bias: torch.Tensor | None, int8_activations: bool = False) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.bits = weight.bits
+        self.int8_activations = int8_activations
         self.register_buffer("qweight", weight.qweight)
         self.register_buffer("scales", weight.scales)
         self.register_buffer("mins", weight.mins)
@@ -104,13 +108,14 @@ class QuantizedLinear(torch.nn.Module):
         if flat.shape[0] >= GEMM_ROWS:
             weight = kernels.dequantize(self.qweight, self.scales, self.mins, self.bits)
             return F.linear(x, weight, self.bias)
-        out = kernels.quantized_linear(flat.contiguous(), self.qweight, self.scales, self.mins, self.bits)
+        multiply = kernels.quantized_linear_int8 if self.int8_activations else kernels.quantized_linear
+        out = multiply(flat.contiguous(), self.qweight, self.scales, self.mins, self.bits)
         if self.bias is not None:
             out += self.bias
         return out.view(*x.shape[:-1], self.out_features)
 
 
-def quantize_from_gguf(model: torch.nn.Module, gguf_file: Path) -> int:
+def quantize_from_gguf(model: torch.nn.Module, gguf_file: Path, int8_activations: bool = False) -> int:
     """Swaps the model's nn.Linear layers for QuantizedLinear ones built from the GGUF file the model was
     dequantized from; returns how many were swapped."""
     from gguf import GGUFReader
@@ -146,7 +151,11 @@ def quantize_from_gguf(model: torch.nn.Module, gguf_file: Path) -> int:
             refused.append(name)
             continue
         parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child, QuantizedLinear(blocks, module.bias))
+        setattr(
+            model.get_submodule(parent) if parent else model,
+            child,
+            QuantizedLinear(blocks, module.bias, int8_activations),
+        )
         swapped += 1
     if other_formats:
         log.warning(

@@ -26,6 +26,8 @@
 torch::Tensor dense_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor bias);
 torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
                                int64_t bits);
+torch::Tensor quantized_linear_int8(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
+                                    int64_t bits);
 torch::Tensor dequantize(torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins, int64_t bits);
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                      torch::Tensor block_tables, torch::Tensor context_lens, double scale,
@@ -88,10 +90,11 @@ struct GemmRows {
 };
 
 // One linear layer: float32 weights [N, K] (bits 0), or GGUF blocks of 8 or 4 bits as quantized_linear.cpp
-// reads them. An empty bias stands for none.
+// reads them (with int8: the input rounded to 8 bits, quantized_linear_int8.cpp). An empty bias stands for none.
 struct Projection {
   torch::Tensor weight, scales, mins, bias;
   int64_t bits = 0;
+  bool int8 = false;
 
   torch::Tensor operator()(const torch::Tensor& x, const GemmRows& gemm) const {
     const int64_t rows = x.size(0);
@@ -101,7 +104,7 @@ struct Projection {
       const torch::Tensor widened = dequantize(weight, scales, mins, bits);
       return bias.numel() ? at::linear(x, widened, bias) : at::linear(x, widened);
     }
-    torch::Tensor out = quantized_linear(x, weight, scales, mins, bits);
+    torch::Tensor out = (int8 ? quantized_linear_int8 : quantized_linear)(x, weight, scales, mins, bits);
     if (bias.numel()) out.add_(bias);
     return out;
   }
@@ -172,8 +175,8 @@ void bind_decoder_layers(pybind11::module& m) {
   namespace py = pybind11;
   py::class_<Projection>(m, "Projection", "A linear layer for DecoderLayers: float32, or GGUF blocks of 8 or 4 bits")
       .def(py::init([](torch::Tensor weight, torch::Tensor scales, torch::Tensor mins, torch::Tensor bias,
-                       int64_t bits) { return Projection{weight, scales, mins, bias, bits}; }),
-           py::arg("weight"), py::arg("scales"), py::arg("mins"), py::arg("bias"), py::arg("bits"));
+                       int64_t bits, bool int8) { return Projection{weight, scales, mins, bias, bits, int8}; }),
+           py::arg("weight"), py::arg("scales"), py::arg("mins"), py::arg("bias"), py::arg("bits"), py::arg("int8"));
   py::class_<DecoderLayers>(m, "DecoderLayers", "A Llama-family decoder stack for a step's fed tokens (CPU, float32)")
       .def(py::init<>())
       .def_readwrite("input_norm", &DecoderLayers::input_norm)

@@ -7,6 +7,8 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
                                      int64_t window, double softcap);
 torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
                                int64_t bits);
+torch::Tensor quantized_linear_int8(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
+                                    int64_t bits);
 torch::Tensor dense_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor bias);
 torch::Tensor dequantize(torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins, int64_t bits);
 
@@ -16,6 +18,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto no_gil = py::call_guard<py::gil_scoped_release>();
   m.def("paged_decode_attention", &paged_decode_attention, "Decode attention over a paged KV cache (CPU)", no_gil);
   m.def("quantized_linear", &quantized_linear, "x @ W^T with W in 32-value blocks of 8 or 4 bits (CPU)", no_gil);
+  m.def("quantized_linear_int8", &quantized_linear_int8,
+        "quantized_linear with the input rounded to 8 bits per block, integer dot products (CPU)", no_gil);
   m.def("dense_linear", &dense_linear, "x @ W^T + b for a few rows of x, W float32 (CPU)", no_gil);
   bind_decoder_layers(m);
   m.def("dequantize", &dequantize, "A block-quantized weight as float32 (CPU)", no_gil);

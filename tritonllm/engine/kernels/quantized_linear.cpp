@@ -141,6 +141,17 @@ void rows_times_weight_row(const float* x, int64_t x_stride, const float*, const
   for (int r = 0; r < ROWS; ++r) out[r * out_stride] = sum_lanes(acc[r]);
 }
 
+// The vector partial sums of a . b over n floats, the last n % 8 added into lane 0: a short dot product (a
+// weight row's mins against an input row's block sums) without a chain of dependent scalar additions.
+inline __m256 partial_dot(const float* a, const float* b, int64_t n) {
+  __m256 sum = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) sum = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), sum);
+  float rest = 0.f;
+  for (; i < n; ++i) rest += a[i] * b[i];
+  return _mm256_add_ps(sum, _mm256_setr_ps(rest, 0, 0, 0, 0, 0, 0, 0));
+}
+
 // out[m, n] for ROWS < 4 input rows and one weight row, the scale and min taken out of each block's sum:
 // x . w = sum over blocks of scale * (x_b . q_b) + min * sum(x_b). With few input rows the widening is not shared
 // enough to pay for scaling every value; this way a block costs one multiply-add per row for its scale, and the
@@ -168,10 +179,8 @@ void few_rows_times_weight_row(const float* x, int64_t x_stride, const float* x_
     }
   }
   for (int r = 0; r < ROWS; ++r) {
-    float sum = sum_lanes(acc[r]);
-    if (mins)
-      for (int64_t b = 0; b < blocks; ++b) sum += mins[b] * x_sums[r * blocks + b];
-    out[r * out_stride] = sum;
+    const __m256 total = mins ? _mm256_add_ps(acc[r], partial_dot(mins, x_sums + r * blocks, blocks)) : acc[r];
+    out[r * out_stride] = sum_lanes(total);
   }
 }
 

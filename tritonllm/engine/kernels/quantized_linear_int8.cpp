@@ -1,0 +1,225 @@
+// Linear layers over GGUF blocks (quantized_linear.cpp's layout) with the input rounded to 8 bits too, as
+// llama.cpp computes them: each 32-value block of an input row becomes 32 int8 values q' and a scale d'
+// (max |x| / 127, rounded to nearest), and a block's product is one of integers:
+//   x_b . w_b = d' * scale * (q' . q) + d' * sum(q') * min
+// AVX2 multiplies 32 byte pairs per instruction (maddubs), where float32 takes four multiply-adds and a widening
+// of every weight. Faster, and not exact: the input's rounding changes the logits by more than float32's, so
+// greedy output can differ from transformers'. Served only when asked for (the engine setting int8_activations).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kBlock = 32;
+
+// Input rows as 8-bit blocks: values [rows, K], and per block its scale and scale * sum of its values.
+struct Int8Rows {
+  std::vector<int8_t> values;
+  std::vector<float> scales, scaled_sums;
+};
+
+// One block of 32 floats to int8 (round to nearest even); returns the sum of the values, sets the scale.
+inline int32_t quantize_block(const float* x, int8_t* q, float* scale) {
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 v[4], amax = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(x + 8 * i);
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+  }
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  const float d = _mm_cvtss_f32(m) / 127.f;
+  *scale = d;
+  const __m256 inverse = _mm256_set1_ps(d != 0.f ? 1.f / d : 0.f);
+  __m256i n[4];
+  for (int i = 0; i < 4; ++i)
+    n[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], inverse), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  const __m256i sum32 = _mm256_add_epi32(_mm256_add_epi32(n[0], n[1]), _mm256_add_epi32(n[2], n[3]));
+  // pack 32 int32 to 32 int8; the packs work within 128-bit lanes, the permute puts the values back in order
+  const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                      _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(sum32), _mm256_extracti128_si256(sum32, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+#else
+  float amax = 0.f;
+  for (int64_t i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float d = amax / 127.f, inverse = d != 0.f ? 1.f / d : 0.f;
+  *scale = d;
+  int32_t sum = 0;
+  for (int64_t i = 0; i < kBlock; ++i) {
+    q[i] = static_cast<int8_t>(std::nearbyint(x[i] * inverse));
+    sum += q[i];
+  }
+  return sum;
+#endif
+}
+
+Int8Rows quantize_rows(const float* x, int64_t rows, int64_t k) {
+  const int64_t blocks = rows * (k / kBlock);
+  Int8Rows out{std::vector<int8_t>(rows * k), std::vector<float>(blocks), std::vector<float>(blocks)};
+  at::parallel_for(0, blocks, 256, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) {
+      const int32_t sum = quantize_block(x + i * kBlock, out.values.data() + i * kBlock, &out.scales[i]);
+      out.scaled_sums[i] = out.scales[i] * static_cast<float>(sum);
+    }
+  });
+  return out;
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+
+inline float sum_lanes(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// The vector partial sums of a . b over n floats, the last n % 8 added into lane 0: a short dot product (a
+// weight row's mins against an input row's block sums) without a chain of dependent scalar additions.
+inline __m256 partial_dot(const float* a, const float* b, int64_t n) {
+  __m256 sum = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) sum = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), sum);
+  float rest = 0.f;
+  for (; i < n; ++i) rest += a[i] * b[i];
+  return _mm256_add_ps(sum, _mm256_setr_ps(rest, 0, 0, 0, 0, 0, 0, 0));
+}
+
+// acc[r] += the products of input rows first_row + r with block b of a weight row.
+template <int ROWS>
+inline void add_block(const Int8Rows& x, int64_t first_row, int64_t blocks, const uint8_t* row, const float* scales,
+                      int64_t bits, int64_t b, __m256* acc) {
+  __m256i w, signs;
+  if (bits == 4) {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * kBlock / 2));
+    const __m128i low = _mm_set1_epi8(0x0F);
+    w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low), _mm_and_si128(packed, low));
+  } else {
+    signs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * kBlock));
+    w = _mm256_sign_epi8(signs, signs);
+  }
+  const float scale = scales[b];
+  for (int r = 0; r < ROWS; ++r) {
+    const int64_t block = (first_row + r) * blocks + b;
+    __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.values.data() + block * kBlock));
+    if (bits == 8) xq = _mm256_sign_epi8(xq, signs);
+    const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xq), _mm256_set1_epi16(1));
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(scale * x.scales[block]), acc[r]);
+  }
+}
+
+// out[m, n] for ROWS input rows and one weight row. A block's weights are laid out once as 32 bytes: 4 bits as
+// unsigned values (GGUF's byte j holds values j and j + 16), 8 bits as their magnitudes, the signs moved onto
+// the input's bytes, since maddubs multiplies unsigned by signed bytes. Under 4 rows, even and odd blocks sum
+// apart, so that one block's multiply-add does not wait for the last one's.
+template <int ROWS>
+void rows_times_weight_row(const Int8Rows& x, int64_t first_row, int64_t blocks, const uint8_t* row,
+                           const float* scales, const float* mins, int64_t bits, float* out, int64_t out_stride) {
+  constexpr int kSplit = ROWS < 4 ? 2 : 1;  // from 4 rows up, the rows' sums are independent enough
+  __m256 acc[kSplit][ROWS];
+  for (int j = 0; j < kSplit; ++j)
+    for (int r = 0; r < ROWS; ++r) acc[j][r] = _mm256_setzero_ps();
+  int64_t b = 0;
+  for (; b + kSplit <= blocks; b += kSplit)
+    for (int j = 0; j < kSplit; ++j) add_block<ROWS>(x, first_row, blocks, row, scales, bits, b + j, acc[j]);
+  if (b < blocks) add_block<ROWS>(x, first_row, blocks, row, scales, bits, b, acc[0]);
+  for (int r = 0; r < ROWS; ++r) {
+    __m256 total = kSplit > 1 ? _mm256_add_ps(acc[0][r], acc[kSplit - 1][r]) : acc[0][r];
+    if (mins) total = _mm256_add_ps(total, partial_dot(mins, x.scaled_sums.data() + (first_row + r) * blocks, blocks));
+    out[r * out_stride] = sum_lanes(total);
+  }
+}
+
+#else
+
+template <int ROWS>
+void rows_times_weight_row(const Int8Rows& x, int64_t first_row, int64_t blocks, const uint8_t* row,
+                           const float* scales, const float* mins, int64_t bits, float* out, int64_t out_stride) {
+  for (int r = 0; r < ROWS; ++r) {
+    float total = 0.f;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t block = (first_row + r) * blocks + b;
+      const int8_t* xq = x.values.data() + block * kBlock;
+      int32_t dot = 0;
+      if (bits == 4) {
+        const uint8_t* q = row + b * kBlock / 2;
+        for (int64_t i = 0; i < kBlock / 2; ++i) dot += (q[i] & 0x0F) * xq[i] + (q[i] >> 4) * xq[i + kBlock / 2];
+      } else {
+        const int8_t* q = reinterpret_cast<const int8_t*>(row) + b * kBlock;
+        for (int64_t i = 0; i < kBlock; ++i) dot += q[i] * xq[i];
+      }
+      total += scales[b] * x.scales[block] * static_cast<float>(dot);
+      if (mins) total += mins[b] * x.scaled_sums[block];
+    }
+    out[r * out_stride] = total;
+  }
+}
+
+#endif
+
+}  // namespace
+
+// x: [M, K] float32, contiguous; the weight as quantized_linear takes it. Returns x @ W^T, [M, N], the input
+// rounded to 8 bits per 32-value block first.
+torch::Tensor quantized_linear_int8(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
+                                    int64_t bits) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
+  TORCH_CHECK(bits == 8 || bits == 4, "bits must be 8 or 4");
+  const int64_t rows = x.size(0), in_features = x.size(1), out_features = qweight.size(0);
+  TORCH_CHECK(in_features % kBlock == 0, "the input size must be a multiple of 32");
+  TORCH_CHECK(qweight.is_contiguous() && qweight.element_size() == 1 && qweight.size(1) == in_features * bits / 8,
+              "qweight: contiguous bytes matching the input size");
+  TORCH_CHECK(scales.scalar_type() == torch::kFloat32 && scales.is_contiguous() && scales.size(0) == out_features &&
+                  scales.size(1) == in_features / kBlock,
+              "scales: contiguous float32 [N, K / 32]");
+  TORCH_CHECK(bits == 8 || (mins.sizes() == scales.sizes() && mins.scalar_type() == torch::kFloat32 &&
+                            mins.is_contiguous()),
+              "4 bits need mins shaped like scales");
+  const int64_t blocks = in_features / kBlock, row_bytes = qweight.size(1);
+  const Int8Rows xq = quantize_rows(x.data_ptr<float>(), rows, in_features);
+  auto out = torch::empty({rows, out_features}, x.options());
+  const uint8_t* qp = static_cast<const uint8_t*>(qweight.data_ptr());
+  const float* sp = scales.data_ptr<float>();
+  const float* mp = bits == 4 ? mins.data_ptr<float>() : nullptr;
+  float* op = out.data_ptr<float>();
+  // Weight rows in chunks taken from a shared counter, so a thread the OS preempts does not hold up the rest.
+  constexpr int64_t kChunk = 16;
+  const int64_t chunks = (out_features + kChunk - 1) / kChunk;
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    for (int64_t c = next++; c < chunks; c = next++) {
+      for (int64_t n = c * kChunk; n < std::min(out_features, (c + 1) * kChunk); ++n) {
+        const uint8_t* row = qp + n * row_bytes;
+        const float* row_scales = sp + n * blocks;
+        const float* row_mins = mp ? mp + n * blocks : nullptr;
+        int64_t m = 0;
+        for (; m + 8 <= rows; m += 8)
+          rows_times_weight_row<8>(xq, m, blocks, row, row_scales, row_mins, bits, op + m * out_features + n,
+                                   out_features);
+        for (; m + 4 <= rows; m += 4)
+          rows_times_weight_row<4>(xq, m, blocks, row, row_scales, row_mins, bits, op + m * out_features + n,
+                                   out_features);
+        for (; m < rows; ++m)
+          rows_times_weight_row<1>(xq, m, blocks, row, row_scales, row_mins, bits, op + m * out_features + n,
+                                   out_features);
+      }
+    }
+  });
+  return out;
+}
