@@ -104,6 +104,8 @@ def triton(tiny_model_dir, tmp_path_factory, pytestconfig):
 @pytest.fixture(scope="session")
 def sentence_model():
     """The packaged all-MiniLM-L6-v2 in sentence-transformers, the oracle of the embedding model."""
-    from tritonllm.embedding import SentenceEmbedder
+    from sentence_transformers import SentenceTransformer
 
-    return SentenceEmbedder().model
+    from tritonllm.embedding import embedding_model_dir
+
+    return SentenceTransformer(str(embedding_model_dir()), device="cpu")
