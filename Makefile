@@ -25,7 +25,7 @@ $(VENV)/.installed: pyproject.toml | system-deps
 	touch $@
 
 # The engine's native CPU kernels, compiled for this machine's CPU here rather than inside a model's load.
-KERNEL_SOURCES := $(wildcard tritonllm/engine/kernels/*.cpp) tritonllm/engine/cpu_kernels.py
+KERNEL_SOURCES := $(wildcard tritonllm/engine/kernels/*.cpp tritonllm/engine/kernels/*.h) tritonllm/engine/cpu_kernels.py
 kernels: $(VENV)/.kernels
 
 $(VENV)/.kernels: $(KERNEL_SOURCES) | install

@@ -16,13 +16,14 @@
 #include <immintrin.h>
 #endif
 
-#include <atomic>
 #include <cstdint>
 #include <vector>
 
+#include "weight_rows.h"
+
 namespace {
 
-constexpr int64_t kBlock = 32;
+using weight_rows::kBlock;
 
 // The 32 values of block `b` of a weight row, widened and scaled, into out[0:32].
 inline void dequantize_block(const uint8_t* row, int64_t bits, int64_t b, float scale, float min, float* out) {
@@ -89,12 +90,8 @@ void few_rows_times_weight_row(const float* x, int64_t x_stride, const float* x_
 
 #elif defined(__AVX2__) && defined(__FMA__)
 
-inline float sum_lanes(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+using weight_rows::partial_dot;
+using weight_rows::sum_lanes;
 
 // Block b's 32 integers as floats, values 8i .. 8i + 7 in q[i], unscaled. The widening loads read the bytes
 // straight from memory, and a 4-bit byte's high half needs only a shift once it sits alone in 32 bits.
@@ -139,17 +136,6 @@ void rows_times_weight_row(const float* x, int64_t x_stride, const float*, const
     }
   }
   for (int r = 0; r < ROWS; ++r) out[r * out_stride] = sum_lanes(acc[r]);
-}
-
-// The vector partial sums of a . b over n floats, the last n % 8 added into lane 0: a short dot product (a
-// weight row's mins against an input row's block sums) without a chain of dependent scalar additions.
-inline __m256 partial_dot(const float* a, const float* b, int64_t n) {
-  __m256 sum = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) sum = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), sum);
-  float rest = 0.f;
-  for (; i < n; ++i) rest += a[i] * b[i];
-  return _mm256_add_ps(sum, _mm256_setr_ps(rest, 0, 0, 0, 0, 0, 0, 0));
 }
 
 // out[m, n] for ROWS < 4 input rows and one weight row, the scale and min taken out of each block's sum:
@@ -209,33 +195,17 @@ void few_rows_times_weight_row(const float* x, int64_t x_stride, const float* x_
 
 #endif
 
-void check(const torch::Tensor& qweight, const torch::Tensor& scales, const torch::Tensor& mins, int64_t bits,
-           int64_t in_features) {
-  TORCH_CHECK(bits == 8 || bits == 4, "bits must be 8 or 4");
-  TORCH_CHECK(in_features % kBlock == 0, "the input size must be a multiple of 32");
-  TORCH_CHECK(qweight.is_contiguous() && qweight.element_size() == 1, "qweight: contiguous bytes");
-  TORCH_CHECK(qweight.size(1) == in_features * bits / 8, "qweight does not match the input size");
-  TORCH_CHECK(scales.scalar_type() == torch::kFloat32 && scales.is_contiguous(), "scales: contiguous float32");
-  TORCH_CHECK(scales.size(0) == qweight.size(0) && scales.size(1) == in_features / kBlock, "scales: [N, K / 32]");
-  TORCH_CHECK(bits == 8 || (mins.sizes() == scales.sizes() && mins.scalar_type() == torch::kFloat32 &&
-                            mins.is_contiguous()),
-              "4 bits need mins shaped like scales");
-}
-
 }  // namespace
 
 // x: [M, K] float32, contiguous. Returns x @ W^T, [M, N].
 torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
                                int64_t bits) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
-  const int64_t rows = x.size(0), in_features = x.size(1), out_features = qweight.size(0);
-  check(qweight, scales, mins, bits, in_features);
-  const int64_t blocks = in_features / kBlock, row_bytes = qweight.size(1);
+  const int64_t rows = x.size(0), in_features = x.size(1);
+  const weight_rows::BlockWeight weight(qweight, scales, mins, bits, in_features);
+  const int64_t blocks = weight.blocks, out_features = weight.out_features;
   auto out = torch::empty({rows, out_features}, x.options());
   const float* xp = x.data_ptr<float>();
-  const uint8_t* qp = static_cast<const uint8_t*>(qweight.data_ptr());
-  const float* sp = scales.data_ptr<float>();
-  const float* mp = bits == 4 ? mins.data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();
   // Each input row's block sums, for the few-row path's mins (an input row's sums serve every weight row).
   std::vector<float> block_sums(bits == 4 ? rows * blocks : 0);
@@ -246,56 +216,39 @@ torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Te
   }
   const float* sums = block_sums.data();
 
-  // Weight rows in chunks taken from a shared counter, so a thread the OS preempts does not hold up the rest.
-  constexpr int64_t kChunk = 16;
-  const int64_t chunks = (out_features + kChunk - 1) / kChunk;
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    for (int64_t c = next++; c < chunks; c = next++) {
-      for (int64_t n = c * kChunk; n < std::min(out_features, (c + 1) * kChunk); ++n) {
-        const uint8_t* row = qp + n * row_bytes;
-        const float* row_scales = sp + n * blocks;
-        const float* row_mins = mp ? mp + n * blocks : nullptr;
-        int64_t m = 0;
-        for (; m + 8 <= rows; m += 8)
-          rows_times_weight_row<8>(xp + m * in_features, in_features, nullptr, row, row_scales, row_mins, bits,
-                                   blocks, op + m * out_features + n, out_features);
-        for (; m + 4 <= rows; m += 4)
-          rows_times_weight_row<4>(xp + m * in_features, in_features, nullptr, row, row_scales, row_mins, bits,
-                                   blocks, op + m * out_features + n, out_features);
-        const float* rest = xp + m * in_features;
-        const float* rest_sums = sums + m * blocks;
-        float* rest_out = op + m * out_features + n;
-        if (rows - m == 3)
-          few_rows_times_weight_row<3>(rest, in_features, rest_sums, row, row_scales, row_mins, bits, blocks,
-                                       rest_out, out_features);
-        else if (rows - m == 2)
-          few_rows_times_weight_row<2>(rest, in_features, rest_sums, row, row_scales, row_mins, bits, blocks,
-                                       rest_out, out_features);
-        else if (rows - m == 1)
-          few_rows_times_weight_row<1>(rest, in_features, rest_sums, row, row_scales, row_mins, bits, blocks,
-                                       rest_out, out_features);
-      }
-    }
+  weight_rows::for_each_row(weight, [&](int64_t n, const weight_rows::BlockWeight::Row& w) {
+    int64_t m = 0;
+    for (; m + 8 <= rows; m += 8)
+      rows_times_weight_row<8>(xp + m * in_features, in_features, nullptr, w.bytes, w.scales, w.mins, bits, blocks,
+                               op + m * out_features + n, out_features);
+    for (; m + 4 <= rows; m += 4)
+      rows_times_weight_row<4>(xp + m * in_features, in_features, nullptr, w.bytes, w.scales, w.mins, bits, blocks,
+                               op + m * out_features + n, out_features);
+    const float* rest = xp + m * in_features;
+    const float* rest_sums = sums + m * blocks;
+    float* rest_out = op + m * out_features + n;
+    if (rows - m == 3)
+      few_rows_times_weight_row<3>(rest, in_features, rest_sums, w.bytes, w.scales, w.mins, bits, blocks, rest_out,
+                                   out_features);
+    else if (rows - m == 2)
+      few_rows_times_weight_row<2>(rest, in_features, rest_sums, w.bytes, w.scales, w.mins, bits, blocks, rest_out,
+                                   out_features);
+    else if (rows - m == 1)
+      few_rows_times_weight_row<1>(rest, in_features, rest_sums, w.bytes, w.scales, w.mins, bits, blocks, rest_out,
+                                   out_features);
   });
   return out;
 }
 
 // The weight as float32 [N, K].
 torch::Tensor dequantize(torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins, int64_t bits) {
-  const int64_t out_features = qweight.size(0), in_features = qweight.size(1) * 8 / bits;
-  check(qweight, scales, mins, bits, in_features);
-  const int64_t blocks = in_features / kBlock, row_bytes = qweight.size(1);
-  auto out = torch::empty({out_features, in_features}, scales.options());
-  const uint8_t* qp = static_cast<const uint8_t*>(qweight.data_ptr());
-  const float* sp = scales.data_ptr<float>();
-  const float* mp = bits == 4 ? mins.data_ptr<float>() : nullptr;
+  const weight_rows::BlockWeight weight(qweight, scales, mins, bits, qweight.size(1) * 8 / bits);
+  const int64_t in_features = weight.in_features;
+  auto out = torch::empty({weight.out_features, in_features}, scales.options());
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, out_features, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n)
-      for (int64_t b = 0; b < blocks; ++b)
-        dequantize_block(qp + n * row_bytes, bits, b, sp[n * blocks + b], mp ? mp[n * blocks + b] : 0.f,
-                         op + n * in_features + b * kBlock);
+  weight_rows::for_each_row(weight, [&](int64_t n, const weight_rows::BlockWeight::Row& w) {
+    for (int64_t b = 0; b < weight.blocks; ++b)
+      dequantize_block(w.bytes, bits, b, w.scales[b], w.mins ? w.mins[b] : 0.f, op + n * in_features + b * kBlock);
   });
   return out;
 }

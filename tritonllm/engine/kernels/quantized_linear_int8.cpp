@@ -12,15 +12,20 @@
 #include <immintrin.h>
 #endif
 
-#include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
+#include "weight_rows.h"
+
 namespace {
 
-constexpr int64_t kBlock = 32;
+#if defined(__AVX2__) && defined(__FMA__)
+using weight_rows::partial_dot;
+using weight_rows::sum_lanes;
+#endif
+
+using weight_rows::kBlock;
 
 // Input rows as 8-bit blocks: values [rows, K], and per block its scale and scale * sum of its values.
 struct Int8Rows {
@@ -44,8 +49,8 @@ inline int32_t quantize_block(const float* x, int8_t* q, float* scale) {
   *scale = d;
   const __m256 inverse = _mm256_set1_ps(d != 0.f ? 1.f / d : 0.f);
   __m256i n[4];
-  for (int i = 0; i < 4; ++i)
-    n[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], inverse), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  for (int i = 0; i < 4; ++i) n[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], inverse), kNearest));
   const __m256i sum32 = _mm256_add_epi32(_mm256_add_epi32(n[0], n[1]), _mm256_add_epi32(n[2], n[3]));
   // pack 32 int32 to 32 int8; the packs work within 128-bit lanes, the permute puts the values back in order
   const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
@@ -82,24 +87,6 @@ Int8Rows quantize_rows(const float* x, int64_t rows, int64_t k) {
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-
-inline float sum_lanes(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// The vector partial sums of a . b over n floats, the last n % 8 added into lane 0: a short dot product (a
-// weight row's mins against an input row's block sums) without a chain of dependent scalar additions.
-inline __m256 partial_dot(const float* a, const float* b, int64_t n) {
-  __m256 sum = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) sum = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), sum);
-  float rest = 0.f;
-  for (; i < n; ++i) rest += a[i] * b[i];
-  return _mm256_add_ps(sum, _mm256_setr_ps(rest, 0, 0, 0, 0, 0, 0, 0));
-}
 
 // acc[r] += the products of input rows first_row + r with block b of a weight row.
 template <int ROWS>
@@ -180,46 +167,20 @@ void rows_times_weight_row(const Int8Rows& x, int64_t first_row, int64_t blocks,
 torch::Tensor quantized_linear_int8(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
                                     int64_t bits) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
-  TORCH_CHECK(bits == 8 || bits == 4, "bits must be 8 or 4");
-  const int64_t rows = x.size(0), in_features = x.size(1), out_features = qweight.size(0);
-  TORCH_CHECK(in_features % kBlock == 0, "the input size must be a multiple of 32");
-  TORCH_CHECK(qweight.is_contiguous() && qweight.element_size() == 1 && qweight.size(1) == in_features * bits / 8,
-              "qweight: contiguous bytes matching the input size");
-  TORCH_CHECK(scales.scalar_type() == torch::kFloat32 && scales.is_contiguous() && scales.size(0) == out_features &&
-                  scales.size(1) == in_features / kBlock,
-              "scales: contiguous float32 [N, K / 32]");
-  TORCH_CHECK(bits == 8 || (mins.sizes() == scales.sizes() && mins.scalar_type() == torch::kFloat32 &&
-                            mins.is_contiguous()),
-              "4 bits need mins shaped like scales");
-  const int64_t blocks = in_features / kBlock, row_bytes = qweight.size(1);
+  const int64_t rows = x.size(0), in_features = x.size(1);
+  const weight_rows::BlockWeight weight(qweight, scales, mins, bits, in_features);
+  const int64_t blocks = weight.blocks, out_features = weight.out_features;
   const Int8Rows xq = quantize_rows(x.data_ptr<float>(), rows, in_features);
   auto out = torch::empty({rows, out_features}, x.options());
-  const uint8_t* qp = static_cast<const uint8_t*>(qweight.data_ptr());
-  const float* sp = scales.data_ptr<float>();
-  const float* mp = bits == 4 ? mins.data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();
-  // Weight rows in chunks taken from a shared counter, so a thread the OS preempts does not hold up the rest.
-  constexpr int64_t kChunk = 16;
-  const int64_t chunks = (out_features + kChunk - 1) / kChunk;
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    for (int64_t c = next++; c < chunks; c = next++) {
-      for (int64_t n = c * kChunk; n < std::min(out_features, (c + 1) * kChunk); ++n) {
-        const uint8_t* row = qp + n * row_bytes;
-        const float* row_scales = sp + n * blocks;
-        const float* row_mins = mp ? mp + n * blocks : nullptr;
-        int64_t m = 0;
-        for (; m + 8 <= rows; m += 8)
-          rows_times_weight_row<8>(xq, m, blocks, row, row_scales, row_mins, bits, op + m * out_features + n,
-                                   out_features);
-        for (; m + 4 <= rows; m += 4)
-          rows_times_weight_row<4>(xq, m, blocks, row, row_scales, row_mins, bits, op + m * out_features + n,
-                                   out_features);
-        for (; m < rows; ++m)
-          rows_times_weight_row<1>(xq, m, blocks, row, row_scales, row_mins, bits, op + m * out_features + n,
-                                   out_features);
-      }
-    }
+  weight_rows::for_each_row(weight, [&](int64_t n, const weight_rows::BlockWeight::Row& w) {
+    int64_t m = 0;
+    for (; m + 8 <= rows; m += 8)
+      rows_times_weight_row<8>(xq, m, blocks, w.bytes, w.scales, w.mins, bits, op + m * out_features + n, out_features);
+    for (; m + 4 <= rows; m += 4)
+      rows_times_weight_row<4>(xq, m, blocks, w.bytes, w.scales, w.mins, bits, op + m * out_features + n, out_features);
+    for (; m < rows; ++m)
+      rows_times_weight_row<1>(xq, m, blocks, w.bytes, w.scales, w.mins, bits, op + m * out_features + n, out_features);
   });
   return out;
 }

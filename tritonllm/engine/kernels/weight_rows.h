@@ -1,0 +1,90 @@
+// What the block-quantized kernels (quantized_linear.cpp, quantized_linear_int8.cpp) share: the weight's rows, the
+// loop that hands them to threads, and the AVX2 reductions.
+#pragma once
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+namespace weight_rows {
+
+constexpr int64_t kBlock = 32;  // values per block along the input
+
+// A weight in blocks of `bits` (quantized_linear.cpp's layout) for inputs of in_features values, checked, as
+// pointers to each row's bytes, scales and mins (null for 8 bits).
+struct BlockWeight {
+  struct Row {
+    const uint8_t* bytes;
+    const float* scales;
+    const float* mins;
+  };
+
+  const uint8_t* bytes;
+  const float* scales;
+  const float* mins;
+  int64_t out_features, in_features, blocks, row_bytes, bits;
+
+  BlockWeight(const torch::Tensor& qweight, const torch::Tensor& scale, const torch::Tensor& min, int64_t bits,
+              int64_t in_features)
+      : out_features(qweight.size(0)), in_features(in_features), blocks(in_features / kBlock), bits(bits) {
+    TORCH_CHECK(bits == 8 || bits == 4, "bits must be 8 or 4");
+    TORCH_CHECK(in_features % kBlock == 0, "the input size must be a multiple of 32");
+    TORCH_CHECK(qweight.is_contiguous() && qweight.element_size() == 1, "qweight: contiguous bytes");
+    TORCH_CHECK(qweight.size(1) == in_features * bits / 8, "qweight does not match the input size");
+    TORCH_CHECK(scale.scalar_type() == torch::kFloat32 && scale.is_contiguous(), "scales: contiguous float32");
+    TORCH_CHECK(scale.size(0) == qweight.size(0) && scale.size(1) == in_features / kBlock, "scales: [N, K / 32]");
+    TORCH_CHECK(bits == 8 || (min.sizes() == scale.sizes() && min.scalar_type() == torch::kFloat32 &&
+                              min.is_contiguous()),
+                "4 bits need mins shaped like scales");
+    bytes = static_cast<const uint8_t*>(qweight.data_ptr());
+    scales = scale.data_ptr<float>();
+    mins = bits == 4 ? min.data_ptr<float>() : nullptr;
+    row_bytes = qweight.size(1);
+  }
+
+  Row row(int64_t n) const { return {bytes + n * row_bytes, scales + n * blocks, mins ? mins + n * blocks : nullptr}; }
+};
+
+// Calls f(n, row n) for every row of the weight, on every thread. Threads take chunks of rows from a shared
+// counter, so one that the OS preempts does not hold up the rest.
+template <typename F>
+void for_each_row(const BlockWeight& weight, const F& f) {
+  constexpr int64_t kChunk = 16;
+  const int64_t count = weight.out_features, chunks = (count + kChunk - 1) / kChunk;
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    for (int64_t c = next++; c < chunks; c = next++)
+      for (int64_t n = c * kChunk; n < std::min(count, (c + 1) * kChunk); ++n) f(n, weight.row(n));
+  });
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+
+inline float sum_lanes(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// The vector partial sums of a . b over n floats, the last n % 8 added into lane 0: a short dot product (a
+// weight row's mins against an input row's block sums) without a chain of dependent scalar additions.
+inline __m256 partial_dot(const float* a, const float* b, int64_t n) {
+  __m256 sum = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) sum = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), sum);
+  float rest = 0.f;
+  for (; i < n; ++i) rest += a[i] * b[i];
+  return _mm256_add_ps(sum, _mm256_setr_ps(rest, 0, 0, 0, 0, 0, 0, 0));
+}
+
+#endif
+
+}  // namespace weight_rows
