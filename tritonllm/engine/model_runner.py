@@ -132,13 +132,13 @@ class ModelRunner:
             if gguf_file is not None and native:
                 self.quantized_layers = quantized_linear.quantize_from_gguf(self.model, gguf_file, int8_activations)
                 self.int8_activations = int8_activations and self.quantized_layers > 0
-        if int8_activations and not self.int8_activations:
-            log.info("int8_activations: no layer keeps GGUF blocks here, so every input stays float32")
             fast_linears = native_linear.available(self.device, self.dtype)
             fused_projections.fuse(self.model, fast_linears)
             if fast_linears:
                 native_linear.install(self.model)
             self.lora = lora.install(self.model) if enable_lora else None
+        if int8_activations and not self.int8_activations:
+            log.info("int8_activations: no layer keeps GGUF blocks here, so every input stays float32")
         self.shape = ModelShape.of(self.model.config)
         self.native_decode = native
         self.blocks = blocks
