@@ -45,7 +45,7 @@ def test_other_formats_are_not_taken():
 
 
 @pytest.mark.parametrize("kind", FORMATS)
-@pytest.mark.parametrize("rows", [1, 3, 4, 8, 13, quantized_linear.GEMM_ROWS + 5])
+@pytest.mark.parametrize("rows", [1, 3, 4, 8, 13, 32, quantized_linear.GEMM_ROWS + 5])
 def test_the_layer_equals_a_float32_linear_over_the_dequantized_weight(kind, rows):
     blocks, reference = quantized(kind)
     bias = torch.randn(blocks.shape[0])
@@ -60,7 +60,8 @@ def rounded_to_int8_blocks(x: torch.Tensor) -> torch.Tensor:
     (round half to even)."""
     blocks = x.reshape(*x.shape[:-1], -1, 32)
     scale = blocks.abs().amax(-1, keepdim=True) / 127
-    return (torch.round(blocks / torch.where(scale == 0, 1, scale)) * scale).reshape(x.shape)
+    inverse = torch.where(scale == 0, 0, 1 / scale)  # times the reciprocal, as the kernel rounds
+    return (torch.round(blocks * inverse) * scale).reshape(x.shape)
 
 
 @pytest.mark.parametrize("kind", FORMATS)
@@ -69,7 +70,7 @@ def test_int8_activations_multiply_the_input_rounded_to_8_bit_blocks(kind, rows)
     blocks, reference = quantized(kind, in_features=576)
     bias = torch.randn(blocks.shape[0])
     layer = QuantizedLinear(blocks, bias, int8_activations=True)
-    x = torch.randn(rows, blocks.shape[1])
+    x = torch.randn(rows, blocks.shape[1], generator=torch.Generator().manual_seed(rows))
     x[0, :32] = 0  # an all-zero block has scale 0
     expected = F.linear(rounded_to_int8_blocks(x).double(), torch.from_numpy(reference).double(), bias.double())
     torch.testing.assert_close(layer(x).double(), expected, rtol=1e-5, atol=1e-4)

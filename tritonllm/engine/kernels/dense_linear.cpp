@@ -73,6 +73,15 @@ inline void rows_times(const float* x, int64_t rows, const float* w, int64_t k, 
 
 }  // namespace
 
+// out[m, j] = x[m] . w[j] for m < rows, j < n: the tiles above over n weight rows (w [n, k], out rows out_stride
+// apart). The block kernel (quantized_linear.cpp) widens a chunk of 4-bit rows to float32 and hands it here.
+void dense_rows_times_weight_rows(const float* x, int64_t rows, const float* w, int64_t n, int64_t k, float* out,
+                                  int64_t out_stride) {
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) rows_times<4>(x, rows, w + j * k, k, out + j, out_stride);
+  for (; j < n; ++j) rows_times<1>(x, rows, w + j * k, k, out + j, out_stride);
+}
+
 // x: [M, K] float32, contiguous; weight: [N, K] float32, contiguous; bias: [N] or empty. Returns [M, N].
 torch::Tensor dense_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");

@@ -52,16 +52,23 @@ struct BlockWeight {
   Row row(int64_t n) const { return {bytes + n * row_bytes, scales + n * blocks, mins ? mins + n * blocks : nullptr}; }
 };
 
-// Calls f(n, row n) for every row of the weight, on every thread. Threads take chunks of rows from a shared
-// counter, so one that the OS preempts does not hold up the rest.
+// Calls f(first, last) for chunks of the weight's rows [first, last) that cover them all, on every thread. Threads
+// take chunks from a shared counter, so one that the OS preempts does not hold up the rest.
 template <typename F>
-void for_each_row(const BlockWeight& weight, const F& f) {
+void for_each_chunk(const BlockWeight& weight, const F& f) {
   constexpr int64_t kChunk = 16;
   const int64_t count = weight.out_features, chunks = (count + kChunk - 1) / kChunk;
   std::atomic<int64_t> next{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    for (int64_t c = next++; c < chunks; c = next++)
-      for (int64_t n = c * kChunk; n < std::min(count, (c + 1) * kChunk); ++n) f(n, weight.row(n));
+    for (int64_t c = next++; c < chunks; c = next++) f(c * kChunk, std::min(count, (c + 1) * kChunk));
+  });
+}
+
+// Calls f(n, row n) for every row of the weight, chunk by chunk as for_each_chunk hands them out.
+template <typename F>
+void for_each_row(const BlockWeight& weight, const F& f) {
+  for_each_chunk(weight, [&](int64_t first, int64_t last) {
+    for (int64_t n = first; n < last; ++n) f(n, weight.row(n));
   });
 }
 
