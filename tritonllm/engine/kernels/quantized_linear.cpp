@@ -81,11 +81,6 @@ void rows_times_weight_row(const float* x, int64_t x_stride, const float*, const
   }
 }
 
-inline void widen_row(const uint8_t* row, int64_t bits, int64_t blocks, const float* scales, const float* mins,
-                      float* out) {
-  for (int64_t b = 0; b < blocks; ++b) dequantize_block(row, bits, b, scales[b], mins ? mins[b] : 0.f, out + b * kBlock);
-}
-
 // Few rows take the same path as many here.
 template <int ROWS>
 void few_rows_times_weight_row(const float* x, int64_t x_stride, const float* x_sums, const uint8_t* row,
@@ -201,11 +196,6 @@ void rows_times_weight_row(const float* x, int64_t x_stride, const float*, const
   for (int r = 0; r < ROWS; ++r) out[r * out_stride] = acc[r];
 }
 
-inline void widen_row(const uint8_t* row, int64_t bits, int64_t blocks, const float* scales, const float* mins,
-                      float* out) {
-  for (int64_t b = 0; b < blocks; ++b) dequantize_block(row, bits, b, scales[b], mins ? mins[b] : 0.f, out + b * kBlock);
-}
-
 // Few rows take the same path as many here.
 template <int ROWS>
 void few_rows_times_weight_row(const float* x, int64_t x_stride, const float* x_sums, const uint8_t* row,
@@ -214,6 +204,15 @@ void few_rows_times_weight_row(const float* x, int64_t x_stride, const float* x_
   rows_times_weight_row<ROWS>(x, x_stride, x_sums, row, scales, mins, bits, blocks, out, out_stride);
 }
 
+#endif
+
+#if defined(__AVX512F__) || !(defined(__AVX2__) && defined(__FMA__))
+// A whole weight row widened to float32 [blocks * 32].
+inline void widen_row(const uint8_t* row, int64_t bits, int64_t blocks, const float* scales, const float* mins,
+                      float* out) {
+  for (int64_t b = 0; b < blocks; ++b)
+    dequantize_block(row, bits, b, scales[b], mins ? mins[b] : 0.f, out + b * kBlock);
+}
 #endif
 
 // From this many input rows up, a chunk of weight rows is widened to float32 once and multiplied by every input
