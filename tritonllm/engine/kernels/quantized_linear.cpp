@@ -9,7 +9,7 @@
 // in registers (scale * q + min, as gguf-py dequantizes) and multiplied by up to 8 input rows before the next
 // block is read. Under 4 input rows (one sequence's decode) the widened integers meet the input unscaled and each
 // block's sum is scaled once (AVX2: SmolLM2's Q4_1 layers 1.3x faster for one row than scaling every value).
-// From 20 rows, a chunk of weight rows is widened to float32 once and goes through dense_linear.cpp's tiles.
+// From 20 rows (AVX2), a chunk of weight rows is widened to float32 once and goes through dense_linear.cpp's tiles.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -206,18 +206,13 @@ void few_rows_times_weight_row(const float* x, int64_t x_stride, const float* x_
 
 #endif
 
-#if defined(__AVX512F__) || !(defined(__AVX2__) && defined(__FMA__))
-// A whole weight row widened to float32 [blocks * 32].
-inline void widen_row(const uint8_t* row, int64_t bits, int64_t blocks, const float* scales, const float* mins,
-                      float* out) {
-  for (int64_t b = 0; b < blocks; ++b)
-    dequantize_block(row, bits, b, scales[b], mins ? mins[b] : 0.f, out + b * kBlock);
-}
-#endif
-
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
 // From this many input rows up, a chunk of weight rows is widened to float32 once and multiplied by every input
 // row in the float32 tiles (dense_linear.cpp), which do more per cycle than widening block by block per 8 rows.
+// Measured on AVX2 only: other builds keep the block path.
+#define WIDEN_CHUNKS
 constexpr int64_t kWidenRows = 20;
+#endif
 
 }  // namespace
 
@@ -234,6 +229,7 @@ torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Te
   auto out = torch::empty({rows, out_features}, x.options());
   const float* xp = x.data_ptr<float>();
   float* op = out.data_ptr<float>();
+#ifdef WIDEN_CHUNKS
   if (rows >= kWidenRows) {
     weight_rows::for_each_chunk(weight, [&](int64_t first, int64_t last) {
       thread_local std::vector<float> widened;
@@ -246,6 +242,7 @@ torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Te
     });
     return out;
   }
+#endif
   // Each input row's block sums, for the few-row path's mins (an input row's sums serve every weight row).
   std::vector<float> block_sums(bits == 4 ? rows * blocks : 0);
   for (size_t i = 0; i < block_sums.size(); ++i) {
