@@ -60,7 +60,7 @@ inline void load_block(const uint8_t* row, int64_t bits, int64_t b, float scale,
 // Under 4 rows, each row sums into 2 accumulators, one per half block, so that consecutive FMAs do not all
 // wait for each other's results; from 4 rows up the rows themselves are independent enough.
 template <int ROWS>
-void rows_times_weight_row(const float* x, int64_t x_stride, const float*, const uint8_t* row, const float* scales,
+void rows_times_weight_row(const float* x, int64_t x_stride, const uint8_t* row, const float* scales,
                            const float* mins, int64_t bits, int64_t blocks, float* out, int64_t out_stride) {
   constexpr int kSplit = ROWS >= 4 ? 1 : 2;
   __m512 acc[ROWS][kSplit];
@@ -81,12 +81,12 @@ void rows_times_weight_row(const float* x, int64_t x_stride, const float*, const
   }
 }
 
-// Few rows take the same path as many here.
+// Few rows take the same path as many here (without the input's block sums).
 template <int ROWS>
-void few_rows_times_weight_row(const float* x, int64_t x_stride, const float* x_sums, const uint8_t* row,
+void few_rows_times_weight_row(const float* x, int64_t x_stride, const float*, const uint8_t* row,
                                const float* scales, const float* mins, int64_t bits, int64_t blocks, float* out,
                                int64_t out_stride) {
-  rows_times_weight_row<ROWS>(x, x_stride, x_sums, row, scales, mins, bits, blocks, out, out_stride);
+  rows_times_weight_row<ROWS>(x, x_stride, row, scales, mins, bits, blocks, out, out_stride);
 }
 
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -124,7 +124,7 @@ inline void load_block(const uint8_t* row, int64_t bits, int64_t b, float scale,
 // out[m, n] for ROWS input rows and one weight row, ROWS >= 4: the block is widened and scaled once and used by
 // every input row.
 template <int ROWS>
-void rows_times_weight_row(const float* x, int64_t x_stride, const float*, const uint8_t* row, const float* scales,
+void rows_times_weight_row(const float* x, int64_t x_stride, const uint8_t* row, const float* scales,
                            const float* mins, int64_t bits, int64_t blocks, float* out, int64_t out_stride) {
   __m256 acc[ROWS];
   for (int r = 0; r < ROWS; ++r) acc[r] = _mm256_setzero_ps();
@@ -184,7 +184,7 @@ inline void widen_row(const uint8_t* row, int64_t bits, int64_t blocks, const fl
 #else
 
 template <int ROWS>
-void rows_times_weight_row(const float* x, int64_t x_stride, const float*, const uint8_t* row, const float* scales,
+void rows_times_weight_row(const float* x, int64_t x_stride, const uint8_t* row, const float* scales,
                            const float* mins, int64_t bits, int64_t blocks, float* out, int64_t out_stride) {
   float w[kBlock];
   float acc[ROWS] = {};
@@ -196,12 +196,12 @@ void rows_times_weight_row(const float* x, int64_t x_stride, const float*, const
   for (int r = 0; r < ROWS; ++r) out[r * out_stride] = acc[r];
 }
 
-// Few rows take the same path as many here.
+// Few rows take the same path as many here (without the input's block sums).
 template <int ROWS>
-void few_rows_times_weight_row(const float* x, int64_t x_stride, const float* x_sums, const uint8_t* row,
+void few_rows_times_weight_row(const float* x, int64_t x_stride, const float*, const uint8_t* row,
                                const float* scales, const float* mins, int64_t bits, int64_t blocks, float* out,
                                int64_t out_stride) {
-  rows_times_weight_row<ROWS>(x, x_stride, x_sums, row, scales, mins, bits, blocks, out, out_stride);
+  rows_times_weight_row<ROWS>(x, x_stride, row, scales, mins, bits, blocks, out, out_stride);
 }
 
 #endif
@@ -243,35 +243,34 @@ torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Te
     return out;
   }
 #endif
-  // Each input row's block sums, for the few-row path's mins (an input row's sums serve every weight row).
-  std::vector<float> block_sums(bits == 4 ? rows * blocks : 0);
-  for (size_t i = 0; i < block_sums.size(); ++i) {
+  // The few-row path takes the last rows % 4 input rows; their block sums serve its mins for every weight row.
+  const int64_t few_first = rows - rows % 4;
+  std::vector<float> few_sums(bits == 4 ? (rows - few_first) * blocks : 0);
+  const float* few_x = xp + few_first * in_features;
+  for (size_t i = 0; i < few_sums.size(); ++i) {
     float sum = 0.f;
-    for (int64_t j = 0; j < kBlock; ++j) sum += xp[i * kBlock + j];
-    block_sums[i] = sum;
+    for (int64_t j = 0; j < kBlock; ++j) sum += few_x[i * kBlock + j];
+    few_sums[i] = sum;
   }
-  const float* sums = block_sums.data();
 
   weight_rows::for_each_row(weight, [&](int64_t n, const weight_rows::BlockWeight::Row& w) {
     int64_t m = 0;
     for (; m + 8 <= rows; m += 8)
-      rows_times_weight_row<8>(xp + m * in_features, in_features, nullptr, w.bytes, w.scales, w.mins, bits, blocks,
+      rows_times_weight_row<8>(xp + m * in_features, in_features, w.bytes, w.scales, w.mins, bits, blocks,
                                op + m * out_features + n, out_features);
     for (; m + 4 <= rows; m += 4)
-      rows_times_weight_row<4>(xp + m * in_features, in_features, nullptr, w.bytes, w.scales, w.mins, bits, blocks,
+      rows_times_weight_row<4>(xp + m * in_features, in_features, w.bytes, w.scales, w.mins, bits, blocks,
                                op + m * out_features + n, out_features);
-    const float* rest = xp + m * in_features;
-    const float* rest_sums = sums + m * blocks;
-    float* rest_out = op + m * out_features + n;
+    float* few_out = op + few_first * out_features + n;
     if (rows - m == 3)
-      few_rows_times_weight_row<3>(rest, in_features, rest_sums, w.bytes, w.scales, w.mins, bits, blocks, rest_out,
-                                   out_features);
+      few_rows_times_weight_row<3>(few_x, in_features, few_sums.data(), w.bytes, w.scales, w.mins, bits, blocks,
+                                   few_out, out_features);
     else if (rows - m == 2)
-      few_rows_times_weight_row<2>(rest, in_features, rest_sums, w.bytes, w.scales, w.mins, bits, blocks, rest_out,
-                                   out_features);
+      few_rows_times_weight_row<2>(few_x, in_features, few_sums.data(), w.bytes, w.scales, w.mins, bits, blocks,
+                                   few_out, out_features);
     else if (rows - m == 1)
-      few_rows_times_weight_row<1>(rest, in_features, rest_sums, w.bytes, w.scales, w.mins, bits, blocks, rest_out,
-                                   out_features);
+      few_rows_times_weight_row<1>(few_x, in_features, few_sums.data(), w.bytes, w.scales, w.mins, bits, blocks,
+                                   few_out, out_features);
   });
   return out;
 }
