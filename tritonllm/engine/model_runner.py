@@ -120,7 +120,6 @@ class ModelRunner:
         native = self.device.type == "cpu" and self.dtype == torch.float32 and cpu_kernels.native() is not None
         world = place.world if place is not None else tensor_parallel_size
         self.quantized_layers = 0
-        self.int8_activations = False  # some layers multiply 8-bit inputs: the model check allows for it
         self.lora = None
         self.decoder_stack: native_decode.NativeDecode | None = None
         self.group: tensor_parallel.Group | None = None
@@ -131,12 +130,13 @@ class ModelRunner:
         else:
             if gguf_file is not None and native:
                 self.quantized_layers = quantized_linear.quantize_from_gguf(self.model, gguf_file, int8_activations)
-                self.int8_activations = int8_activations and self.quantized_layers > 0
             fast_linears = native_linear.available(self.device, self.dtype)
             fused_projections.fuse(self.model, fast_linears)
             if fast_linears:
                 native_linear.install(self.model)
             self.lora = lora.install(self.model) if enable_lora else None
+        # some layers multiply 8-bit inputs: the model check allows for it
+        self.int8_activations = int8_activations and self.quantized_layers > 0
         if int8_activations and not self.int8_activations:
             log.info("int8_activations: no layer keeps GGUF blocks here, so every input stays float32")
         self.shape = ModelShape.of(self.model.config)
