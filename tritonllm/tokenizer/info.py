@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import json
 
-from transformers import PreTrainedTokenizerBase
-
 SPECIAL = ("bos_token", "eos_token", "pad_token", "unk_token")
 
 
-def tokenizer_info(tokenizer: PreTrainedTokenizerBase, context_len: int) -> str:
+def tokenizer_info(tokenizer, context_len: int) -> str:
     """JSON: the tokenizer's class, special tokens, chat template and the context it serves."""
     info = {
-        "tokenizer_class": type(tokenizer).__name__,
+        "tokenizer_class": getattr(tokenizer, "tokenizer_class", type(tokenizer).__name__),
         **{name: getattr(tokenizer, name) for name in SPECIAL},
         "chat_template": tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None,
         "model_max_length": context_len,

@@ -13,7 +13,7 @@ import triton_python_backend_utils as pb_utils
 from tritonllm.errors import RequestError
 from tritonllm.runtime import response_status
 from tritonllm.runtime.model_config import ModelParameters
-from tritonllm.tokenizer.decoder import load_decoder
+from tritonllm.tokenizer.backend_tokenizer import load_backend_tokenizer
 from tritonllm.tokenizer.detokenizer import text_increment
 
 # Unpacked from the llm's response_status, so every output of the ensemble comes from this last step.
@@ -38,7 +38,7 @@ def _strings(texts) -> np.ndarray:
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         params = ModelParameters(args)
-        self.tokenizer = load_decoder(params.model_dir())  # transformers' only on a first start
+        self.tokenizer = load_backend_tokenizer(params.model_dir())  # transformers' only on a first start
 
     def execute(self, requests: list) -> list:
         return [self._one(request) for request in requests]

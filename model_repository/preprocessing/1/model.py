@@ -14,9 +14,9 @@ from tritonllm.runtime.model_config import (
     ModelParameters,
     json_list,
     load_model_config,
-    load_tokenizer,
     strings,
 )
+from tritonllm.tokenizer.backend_tokenizer import load_backend_tokenizer
 from tritonllm.tokenizer.info import tokenizer_info
 from tritonllm.tokenizer.tool_calls import renders_tools, resolve_format, with_tools_in_prompt
 from tritonllm.tokenizer.word_lists import encode_word_list
@@ -64,7 +64,7 @@ def _same_length(name: str, values: list, other_name: str, others: list) -> None
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         params = ModelParameters(args)
-        self.tokenizer = load_tokenizer(params.model_dir())
+        self.tokenizer = load_backend_tokenizer(params.model_dir())  # transformers' only on a first start
         self.default_max_tokens = params.int("default_max_tokens", 16)
         self.add_special_tokens = params.bool("add_special_tokens", True)
         parser = os.environ.get(TOOL_CALL_PARSER_ENV) or params.get("tool_call_parser", "auto")
