@@ -18,6 +18,7 @@ from . import (
     native_linear,
     quantized_linear,
     tensor_parallel,
+    weight_memory,
 )
 from .block_manager import BlockManager
 from .paged_attention import ATTN_IMPLEMENTATION, AttentionGroup, KVCache, LayerProbe, PaddedQueries, PagedBatch
@@ -135,6 +136,8 @@ class ModelRunner:
             if fast_linears:
                 native_linear.install(self.model)
             self.lora = lora.install(self.model) if enable_lora else None
+        copied = weight_memory.copy_out_of_files(self.model)
+        log.info("weights: %.0f MiB copied out of the checkpoint's mapping", copied / 2**20)
         # some layers multiply 8-bit inputs: the model check allows for it
         self.int8_activations = int8_activations and self.quantized_layers > 0
         if int8_activations and not self.int8_activations:
@@ -149,6 +152,7 @@ class ModelRunner:
             model_check.check_against_eager(self)
         if world > 1:
             self._split(place or tensor_parallel.Place(0, world, 0), model_dir, dtype)
+        weight_memory.return_freed_heap()
 
     def _use_decoder_stack(self) -> None:
         reason = native_decode.why_not(self.model)
