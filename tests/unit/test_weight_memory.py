@@ -4,6 +4,7 @@ live weight is resident once, and shared weights stay shared."""
 from __future__ import annotations
 
 import torch
+
 from tritonllm.engine.engine import EngineConfig, LLMEngine
 from tritonllm.engine.weight_memory import copy_out_of_files, file_mappings
 
