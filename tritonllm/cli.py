@@ -70,6 +70,9 @@ def serve(args: argparse.Namespace) -> int:
             hint = " (`make model` converts the default model)" if given.name == DEFAULT_MODEL else ""
             _progress(f"no HF model directory (config.json) or .gguf file at {given}{hint}")
             return 2
+    if args.no_embedding and args.embedding_model_dir:
+        _progress("--no-embedding and --embedding-model-dir: pick one")
+        return 2
     try:
         overrides = engine_overrides(args)
     except ValueError as e:
@@ -98,6 +101,7 @@ def serve(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         host=args.host,
         llm_instances=args.llm_instances,
+        without_models=("embedding",) if args.no_embedding else (),
         exit_timeout_s=args.drain_seconds,
         env={
             MODEL_DIR_ENV: str(model_dir),
@@ -124,7 +128,7 @@ def serve(args: argparse.Namespace) -> int:
         settings = ShimSettings(
             triton_grpc_url=server.grpc_url,
             served_model_name=args.served_model_name or (given.stem if gguf.is_gguf(given) else given.name),
-            embedding_model_name=args.embedding_model_name,
+            embedding_model_name=None if args.no_embedding else args.embedding_model_name,
             default_max_tokens=args.default_max_tokens,
             full_text_enabled=args.full_text,
             tool_call_parser=parser,
@@ -279,6 +283,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--embedding-model-dir", help="sentence-transformers folder (default: the packaged all-MiniLM-L6-v2)"
     )
     p.add_argument("--embedding-model-name", default="all-MiniLM-L6-v2", help="the name /v1/embeddings answers to")
+    p.add_argument(
+        "--no-embedding",
+        action="store_true",
+        help="serve no embedding model: about 390 MB less memory and a shorter start; /v1/embeddings answers 404",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-port", type=int, default=8001)

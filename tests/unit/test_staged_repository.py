@@ -9,7 +9,7 @@ import shutil
 from conftest import PROJECT_ROOT, REPOSITORY
 
 from tritonllm.runtime.model_config import ModelParameters
-from tritonllm.runtime.tritonserver import stage_llm_instances
+from tritonllm.runtime.tritonserver import stage_repository
 
 
 def args(model_folder) -> dict:
@@ -18,12 +18,23 @@ def args(model_folder) -> dict:
 
 
 def test_a_staged_repository_sets_the_count_and_keeps_relative_paths():
-    staged = stage_llm_instances(REPOSITORY, 3)
+    staged = stage_repository(REPOSITORY, 3)
     try:
         assert "instance_group [ { count: 3, kind: KIND_AUTO } ]" in (staged / "llm" / "config.pbtxt").read_text()
         assert (staged / "llm" / "1").resolve() == REPOSITORY / "llm" / "1"
         for model in ("llm", "preprocessing", "embedding"):  # the llm's folder is real, the others are links
             assert ModelParameters(args(staged / model)).path("models/x") == PROJECT_ROOT / "models" / "x"
         assert ModelParameters(args(REPOSITORY / "llm")).path("models/x") == PROJECT_ROOT / "models" / "x"
+    finally:
+        shutil.rmtree(staged)
+
+
+def test_a_staged_repository_leaves_out_the_models_not_served():
+    staged = stage_repository(REPOSITORY, 1, without=("embedding",))
+    try:
+        assert sorted(p.name for p in staged.iterdir()) == sorted(
+            p.name for p in REPOSITORY.iterdir() if p.name != "embedding"
+        )
+        assert (staged / "llm").resolve() == REPOSITORY / "llm"  # one instance: the llm's folder is a link
     finally:
         shutil.rmtree(staged)

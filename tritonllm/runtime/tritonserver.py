@@ -151,6 +151,7 @@ class TritonServer:
     env: dict[str, str] = field(default_factory=dict)
     log_file: Path | None = None
     llm_instances: int = 1  # engines in the llm model (instance_group count), each with its own KV pool
+    without_models: tuple[str, ...] = ()  # models of the repository this server does not load
     # On stop, how long running requests may take to finish. In-flight ensemble requests cannot finish once
     # shutdown refuses their next step, so the default does not wait long.
     exit_timeout_s: int = 10
@@ -199,8 +200,8 @@ class TritonServer:
         busy = [p for p in (self.http_port, self.grpc_port, self.metrics_port) if not port_is_free(self.host, p)]
         if busy:
             raise ServerError(f"port(s) {busy} on {self.host} are in use; pick others (--http-port ...)")
-        if self.llm_instances != 1:
-            self._staged = stage_llm_instances(self.model_repository, self.llm_instances)
+        if self.llm_instances != 1 or self.without_models:
+            self._staged = stage_repository(self.model_repository, self.llm_instances, self.without_models)
         self.process = subprocess.Popen(
             self.command(),
             env=server_env(self.env),
@@ -300,16 +301,19 @@ class TritonServer:
         self.stop()
 
 
-def stage_llm_instances(repository: Path, count: int) -> Path:
-    """A copy of the model repository, made of links, whose llm runs `count` instances: Triton reads instance
-    counts only from config.pbtxt. (The models find the real repository through their version folders' links,
-    model_config.ModelParameters.)"""
+def stage_repository(repository: Path, count: int, without: tuple[str, ...] = ()) -> Path:
+    """A copy of the model repository, made of links, without the models named in `without` and whose llm runs
+    `count` instances: Triton reads instance counts only from config.pbtxt. (The models find the real repository
+    through their version folders' links, model_config.ModelParameters.)"""
     if count < 1:
         raise ServerError(f"llm_instances must be >= 1, got {count}")
     repository = repository.resolve()
     staged = Path(tempfile.mkdtemp(prefix="tritonllm-repository-"))
     for model in repository.iterdir():
-        (staged / model.name).symlink_to(model)
+        if model.name not in without:
+            (staged / model.name).symlink_to(model)
+    if count == 1:
+        return staged
     llm = staged / "llm"
     llm.unlink()
     llm.mkdir()

@@ -46,6 +46,13 @@ def build_router(settings: ShimSettings) -> APIRouter:
 
     @router.post("/v1/embeddings")
     async def embeddings(request: Request, body: EmbeddingBody) -> JSONResponse:
+        if settings.embedding_model_name is None:
+            raise APIError(
+                404,
+                f"model {body.model!r} does not embed: this server serves no embedding model "
+                "(`serve` ran with --no-embedding)",
+                "model",
+            )
         if body.model != settings.embedding_model_name:
             raise APIError(
                 404 if body.model != settings.served_model_name else 400,

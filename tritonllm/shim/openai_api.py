@@ -65,6 +65,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
     cards = {
         name: {"id": name, "object": "model", "created": settings.started, "owned_by": "tritonllm"}
         for name in (settings.served_model_name, settings.embedding_model_name)
+        if name is not None
     }
 
     @router.get("/v1/models")

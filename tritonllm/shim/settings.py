@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 class ShimSettings:
     triton_grpc_url: str = "127.0.0.1:8001"
     served_model_name: str = "SmolLM2-135M-Instruct"
-    embedding_model_name: str = "all-MiniLM-L6-v2"  # /v1/embeddings, served by the `embedding` model
+    # /v1/embeddings, served by the `embedding` model; None: the server has no embedding model
+    embedding_model_name: str | None = "all-MiniLM-L6-v2"
     default_max_tokens: int = 256  # requests that give no max_tokens
     # fullTextEnabled in the specs: each streamed event carries the whole text so far
     full_text_enabled: bool = False
