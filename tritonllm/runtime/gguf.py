@@ -38,7 +38,10 @@ def hf_model_dir(path: Path) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (target / "config.json").exists():
             convert(path, target)
-        (target / SOURCE_FILE).write_text(str(path.resolve()))
+        marker = target / SOURCE_FILE
+        # written once: the tokenizer caches are keyed by the times of the directory's files
+        if not marker.exists() or marker.read_text() != str(path.resolve()):
+            marker.write_text(str(path.resolve()))
     return target
 
 
