@@ -10,7 +10,7 @@ import pytest
 from conftest import REPOSITORY
 
 from tritonllm import cli
-from tritonllm.engine.config import OVERRIDES_ENV, EngineConfig, environment_overrides
+from tritonllm.engine.config import AUTO_KV_SHARE, OVERRIDES_ENV, EngineConfig, available_memory, environment_overrides
 from tritonllm.engine.engine import LLMEngine
 
 
@@ -70,10 +70,21 @@ def test_the_kv_cache_can_be_sized_by_memory(tiny_model_dir):
     per_block = sum(t.numel() * t.element_size() for t in (*cache.key, *cache.value)) // 40
     by_memory = LLMEngine(EngineConfig(str(tiny_model_dir), kv_cache_memory=str(per_block * 40), block_size=8))
     assert by_memory.blocks.num_blocks == 40
-    assert EngineConfig("m", kv_cache_memory="1MiB").kv_blocks(1024) == 1024
-    assert 0 < EngineConfig("m", kv_cache_memory="0.01").kv_blocks(1 << 20)  # a share of the free memory
+    assert EngineConfig("m", kv_cache_memory="1MiB").kv_blocks(1024, 8192) == 1024
+    assert 0 < EngineConfig("m", kv_cache_memory="0.01").kv_blocks(1 << 20, 8192)  # a share of the free memory
     with pytest.raises(ValueError, match="kv_cache_memory"):
-        EngineConfig("m", kv_cache_memory="1KiB").kv_blocks(4096)
+        EngineConfig("m", kv_cache_memory="1KiB").kv_blocks(4096, 8192)
+
+
+def test_by_default_the_kv_cache_holds_max_num_seqs_whole_contexts_within_a_tenth_of_memory():
+    config = EngineConfig("m", max_num_seqs=8, block_size=16)
+    assert config.num_kv_blocks == 0
+    assert config.kv_blocks(1024, 1000) == 500  # 8 x 1000 tokens in blocks of 16
+    assert config.kv_blocks(1024, 1001) == 501  # a block more for the last tokens
+    available = available_memory("cpu")
+    huge = config.kv_blocks(1 << 20, 1 << 40)  # more than memory holds: a tenth of what is available
+    assert abs(huge - AUTO_KV_SHARE * available / (1 << 20)) < 0.01 * huge + 2
+    assert EngineConfig("m", num_kv_blocks=7).kv_blocks(1024, 1000) == 7
 
 
 def build_serve_args(argv: list[str]):

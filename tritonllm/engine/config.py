@@ -12,9 +12,11 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 OVERRIDES_ENV = "TRITONLLM_ENGINE_SETTINGS"  # JSON {setting: value}, from `serve`'s flags
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}  # torch is imported by the engine, not by the CLI
+AUTO_KV_SHARE = 0.1  # of the memory available at load, for a KV cache sized by neither setting
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30}
 
 
@@ -29,7 +31,11 @@ class EngineConfig:
         "auto", "weights, activations and KV cache: auto (float32 on CPU, bfloat16 on GPUs), float32, float16, bfloat16"
     )
     device: str = setting("auto", "auto (CUDA when present, else CPU), cpu, cuda or cuda:N")
-    num_kv_blocks: int = setting(2048, "KV cache size in blocks, unless kv_cache_memory is set")
+    num_kv_blocks: int = setting(
+        0,
+        "KV cache size in blocks, unless kv_cache_memory is set (0: enough for max_num_seqs sequences of the "
+        "model's whole context, within a tenth of the memory available at load)",
+    )
     kv_cache_memory: str = setting(
         "", "KV cache size as memory: bytes (e.g. 512MiB, 2GB) or a fraction of the memory free at load (e.g. 0.2)"
     )
@@ -65,7 +71,7 @@ class EngineConfig:
         checks = {
             "dtype": self.dtype == "auto" or self.dtype in DTYPE_BYTES,
             "device": re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None,
-            "num_kv_blocks": self.num_kv_blocks >= 1,
+            "num_kv_blocks": self.num_kv_blocks >= 0,
             "block_size": self.block_size >= 1,
             "max_num_seqs": self.max_num_seqs >= 1,
             "max_num_batched_tokens": self.max_num_batched_tokens >= 1,
@@ -97,13 +103,17 @@ class EngineConfig:
     def enable_lora(self) -> bool:
         return self.lora_cache_size > 0
 
-    def kv_blocks(self, bytes_per_block: int) -> int:
-        """num_kv_blocks, or as many blocks as kv_cache_memory holds."""
+    def kv_blocks(self, bytes_per_block: int, context_tokens: int) -> int:
+        """num_kv_blocks, or as many blocks as kv_cache_memory holds; with neither, what max_num_seqs sequences
+        of `context_tokens` each need, within AUTO_KV_SHARE of the memory available."""
         if not self.kv_cache_memory:
-            return self.num_kv_blocks
+            if self.num_kv_blocks:
+                return self.num_kv_blocks
+            needed = -(-self.max_num_seqs * context_tokens // self.block_size)
+            return max(1, min(needed, int(AUTO_KV_SHARE * available_memory(self.device) // bytes_per_block)))
         size = _memory(self.kv_cache_memory)
         if size <= 1:
-            size *= _free_memory(self.device)
+            size *= available_memory(self.device)
         blocks = int(size // bytes_per_block)
         if blocks < 1:
             raise ValueError(f"kv_cache_memory: {self.kv_cache_memory} holds no KV block of {bytes_per_block} bytes")
@@ -149,11 +159,21 @@ def _memory(text: str) -> float:
     return number * _UNITS[unit]
 
 
-def _free_memory(device: str) -> float:
+def available_memory(device: str) -> float:
     import torch
 
     if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
         return float(torch.cuda.mem_get_info(torch.device(device if device != "auto" else "cuda"))[0])
     with open("/proc/meminfo") as meminfo:
         kib = next(int(line.split()[1]) for line in meminfo if line.startswith("MemAvailable:"))
-    return kib * 1024.0
+    return min(kib * 1024.0, _cgroup_headroom())
+
+
+def _cgroup_headroom() -> float:
+    """What the memory limit of this process's cgroup (a container's, a pod's) leaves; infinite without one."""
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+    except (OSError, ValueError):
+        return float("inf")
+    return float("inf") if limit == "max" else max(0.0, float(int(limit) - used))

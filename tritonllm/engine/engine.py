@@ -44,7 +44,8 @@ class LLMEngine:
         per_block = KVCache.block_bytes(
             shape.num_layers, config.block_size, shape.num_kv_heads, shape.head_dim, DTYPE_BYTES[dtype]
         )
-        num_blocks = config.kv_blocks(per_block)
+        num_blocks = config.kv_blocks(per_block, shape.max_position_embeddings)
+        self.kv_cache_bytes = num_blocks * per_block
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.runner = ModelRunner(
             Path(config.model_dir),
