@@ -12,7 +12,7 @@ from oracles import greedy_ids
 
 from tritonllm.engine import cpu_kernels, quantized_linear
 from tritonllm.engine.engine import EngineConfig, LLMEngine
-from tritonllm.engine.quantized_linear import BlockQuantized, QuantizedLinear, from_gguf
+from tritonllm.engine.quantized_linear import BlockQuantized, QuantizedEmbedding, QuantizedLinear, from_gguf
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import Sequence
 from tritonllm.runtime import gguf
@@ -93,6 +93,10 @@ def test_the_q4_1_model_keeps_every_layer_quantized_and_decodes_as_generate(smol
     # 7 per layer in 30 layers (Q4_1) and the output layer, tied to the embedding (Q8_0)
     assert engine.runner.quantized_layers == 211 and not linears
     assert engine.runner.decoder_stack is not None  # decode steps run the native stack over the blocks
+    # no float32 table beside the blocks: the input embedding reads the tied output layer's Q8_0 blocks
+    embedding, output = engine.runner.model.get_input_embeddings(), engine.runner.model.get_output_embeddings()
+    assert isinstance(embedding, QuantizedEmbedding) and embedding.qweight.data_ptr() == output.qweight.data_ptr()
+    assert not [p for p in engine.runner.model.parameters() if p.numel() >= embedding.qweight.numel()]
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     prompts = [tokenizer(text).input_ids for text in ("The capital of France is", "def fibonacci(n):", "1, 2, 3,")]
     seqs = [Sequence(p, SamplingParams(max_tokens=16)) for p in prompts]
@@ -102,6 +106,13 @@ def test_the_q4_1_model_keeps_every_layer_quantized_and_decodes_as_generate(smol
         engine.step()
     hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
     assert [s.output_ids for s in seqs] == [greedy_ids(hf, p, 16) for p in prompts]
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_1"])
+def test_the_quantized_embedding_gives_the_dequantized_tables_rows(kind):
+    blocks, table = quantized(kind, 50, 64)
+    ids = torch.tensor([[3, 49, 0], [3, 7, 7]])
+    assert torch.equal(QuantizedEmbedding(blocks)(ids), F.embedding(ids, torch.from_numpy(table)))
 
 
 def test_a_layer_whose_blocks_differ_from_its_weight_stays_float32(smollm2_q4_1):

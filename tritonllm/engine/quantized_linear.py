@@ -3,7 +3,8 @@
 llama.cpp users serve Q8_0 and Q4 files because a decode step streams every weight from memory: 8 bits are a
 quarter of float32's bytes and 4 bits an eighth. The engine loads such a model as transformers dequantizes it
 (runtime/gguf.py), then swaps each nn.Linear whose GGUF tensor is Q8_0, Q4_0 or Q4_1 for a QuantizedLinear
-holding that tensor's blocks, and frees the float32 copy. The swap is checked, not trusted: the blocks, read
+holding that tensor's blocks, and frees the float32 copy; the input embedding, when the file keeps it in blocks
+(or ties it to a block-quantized output layer), becomes a QuantizedEmbedding that reads the same blocks. The swap is checked, not trusted: the blocks, read
 through the same row order transformers applied (llama.cpp stores Q and K rows permuted), must dequantize to
 exactly the float32 weight they replace, else the layer keeps its float32 weight and the log says why.
 
@@ -115,9 +116,29 @@ class QuantizedLinear(torch.nn.Module):
         return out.view(*x.shape[:-1], self.out_features)
 
 
+class QuantizedEmbedding(torch.nn.Module):
+    """An input embedding kept in its GGUF blocks (shared with a tied output layer's): a step dequantizes only
+    the rows of its tokens, exactly as the whole table would dequantize."""
+
+    def __init__(self, weight: BlockQuantized) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = weight.shape
+        self.bits = weight.bits
+        self.register_buffer("qweight", weight.qweight)
+        self.register_buffer("scales", weight.scales)
+        self.register_buffer("mins", weight.mins)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1)
+        mins = self.mins[flat] if self.bits == 4 else self.mins
+        rows = BlockQuantized(self.qweight[flat], self.scales[flat], mins, self.bits).dequantize()
+        return rows.view(*ids.shape, self.embedding_dim)
+
+
 def quantize_from_gguf(model: torch.nn.Module, gguf_file: Path, int8_activations: bool = False) -> int:
     """Swaps the model's nn.Linear layers for QuantizedLinear ones built from the GGUF file the model was
-    dequantized from; returns how many were swapped."""
+    dequantized from, and its input embedding for a QuantizedEmbedding where the file keeps it in blocks;
+    returns how many linear layers were swapped."""
     from gguf import GGUFReader
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
@@ -133,30 +154,32 @@ def quantize_from_gguf(model: torch.nn.Module, gguf_file: Path, int8_activations
     # A tied output layer shares the embedding's tensor; the map names the embedding.
     by_weight = {id(module.weight): key for key, (module, _) in linears.items()}
     params = dict(model.named_parameters(remove_duplicate=False))
+    embedding = model.get_input_embeddings()
+    embedding_name = next(name for name, module in model.named_modules() if module is embedding)
     swapped, refused, other_formats = 0, [], Counter()
     for tensor in reader.tensors:
         hf_name = hf_names.get(tensor.name)
         key = hf_name if hf_name in linears else by_weight.get(id(params.get(hf_name)))
-        if key is None:
+        embeds = type(embedding) is torch.nn.Embedding and hf_name == f"{embedding_name}.weight"
+        if key is None and not embeds:
             continue
         blocks = from_gguf(tensor.tensor_type.name, tensor.data)
         if blocks is None:
             if tensor.tensor_type.name not in ("F32", "F16", "BF16"):
                 other_formats[tensor.tensor_type.name] += 1
             continue
-        module, name = linears[key]
+        name = linears[key][1] if key else embedding_name
+        weight = (linears[key][0] if key else embedding).weight.detach()
         order = processor.process(np.arange(blocks.shape[0])[:, None], tensor.name).weights[:, 0]
         blocks = blocks.rows(np.ascontiguousarray(order))
-        if blocks.shape != tuple(module.weight.shape) or not torch.equal(blocks.dequantize(), module.weight.detach()):
+        if blocks.shape != tuple(weight.shape) or not torch.equal(blocks.dequantize(), weight):
             refused.append(name)
             continue
-        parent, _, child = name.rpartition(".")
-        setattr(
-            model.get_submodule(parent) if parent else model,
-            child,
-            QuantizedLinear(blocks, module.bias, int8_activations),
-        )
-        swapped += 1
+        if key:
+            _replace(model, name, QuantizedLinear(blocks, linears[key][0].bias, int8_activations))
+            swapped += 1
+        if embeds:  # the same blocks, shared with a tied output layer
+            _replace(model, embedding_name, QuantizedEmbedding(blocks))
     if other_formats:
         log.warning(
             "%d layers run dequantized: no kernel here reads their GGUF formats %s",
@@ -166,3 +189,8 @@ def quantize_from_gguf(model: torch.nn.Module, gguf_file: Path, int8_activations
     if refused:
         log.warning("%d layers keep float32 weights: their GGUF blocks do not match them (%s)", len(refused), refused)
     return swapped
+
+
+def _replace(model: torch.nn.Module, name: str, module: torch.nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
