@@ -6,7 +6,7 @@ CLI := $(VENV)/bin/tritonllm
 MODELS ?= models
 PYTEST_ARGS ?=
 
-.PHONY: install kernels clients system-deps model serve test test-slow test-instances bench bench-peers lint configs perf-analyzer clean
+.PHONY: install kernels clients system-deps model serve test test-slow test-instances bench bench-peers bench-footprint lint configs perf-analyzer clean
 
 install: $(VENV)/.installed
 

@@ -244,10 +244,15 @@ def fresh_prompts(tokenizer, w: Workload):
 
 
 def ours(
-    log: Path, model: Path = MODEL, repository: Path | None = None, tree: Path | None = None
+    log: Path,
+    model: Path = MODEL,
+    repository: Path | None = None,
+    tree: Path | None = None,
+    flags: tuple[str, ...] = (),
 ) -> tuple[Server, int, int]:
     """`tritonllm serve` on the model; the server, its shim port and its gRPC port. `tree`: the code and model
-    repository of another checkout (an A/B against another revision), on this checkout's venv."""
+    repository of another checkout (an A/B against another revision), on this checkout's venv; `flags`: more of
+    serve's flags."""
     shim_port, ports = (
         free_port(),
         {"--http-port": free_port(), "--grpc-port": free_port(), "--metrics-port": free_port()},
@@ -260,7 +265,7 @@ def ours(
         "--host",
         "127.0.0.1",
     ]
-    command += ["--served-model-name", MODEL.name, "--shim-port", str(shim_port)]
+    command += ["--served-model-name", MODEL.name, "--shim-port", str(shim_port), *flags]
     command += [str(v) for kv in ports.items() for v in kv]
     env = None
     if tree is not None:
@@ -270,19 +275,20 @@ def ours(
     return Server(command, f"http://127.0.0.1:{shim_port}/health", log, env), shim_port, ports["--grpc-port"]
 
 
-def llama_cpp(gguf_file: Path) -> tuple[Server, int]:
+def llama_cpp(gguf_file: Path, context: int = WORKLOADS["W1"].requests * 256) -> tuple[Server, int]:
+    """llama-server with one slot per W1 request, sharing `context` tokens of KV cache."""
     threads, slots, port = str(os.cpu_count() or 2), WORKLOADS["W1"].requests, free_port()
     command = [str(llama_server()), "-m", str(gguf_file), "--host", "127.0.0.1", "--port", str(port)]
-    command += ["-np", str(slots), "-c", str(slots * 256), "-t", threads, "-tb", threads, "--no-webui"]
+    command += ["-np", str(slots), "-c", str(context), "-t", threads, "-tb", threads, "--no-webui"]
     return Server(command, f"http://127.0.0.1:{port}/health", RESULTS / "llama-server.log.tmp"), port
 
 
-def vllm() -> tuple[Server, int]:
+def vllm(kv_cache_gib: int = 2) -> tuple[Server, int]:
     cores, port = os.cpu_count() or 2, free_port()
     command = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL)]
     command += ["--served-model-name", MODEL.name, "--host", "127.0.0.1", "--port", str(port)]
     command += ["--dtype", "float32", "--max-model-len", "2048", "--max-num-seqs", str(WORKLOADS["W1"].requests)]
-    env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}", "VLLM_CPU_KVCACHE_SPACE": "2"}
+    env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}", "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib)}
     return Server(command, f"http://127.0.0.1:{port}/health", RESULTS / "vllm.log.tmp", env), port
 
 
