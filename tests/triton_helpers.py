@@ -60,8 +60,14 @@ class Stream:
 
 def metric(server: TritonServer, name: str, labels: str = "", instance: str | None = None) -> float:
     """The metric summed over the llm's instances (each has its own `instance` label), or one instance's;
-    `labels`: others it must carry, as `reason="cancelled"`."""
-    return sum(value for _, value in metric_series(server, name, labels, instance))
+    `labels`: others it must carry, as `reason="cancelled"`. A metric the server does not export is an error,
+    not 0: a leak check (`== 0`) must fail when its metric goes missing."""
+    series = metric_series(server, name, labels, instance)
+    if not series:
+        raise AssertionError(
+            f"the server exports no {name}{{{labels}}} series" + (f" of {instance}" if instance else "")
+        )
+    return sum(value for _, value in series)
 
 
 def metric_series(server: TritonServer, name: str, labels: str = "", instance: str | None = None) -> list:
