@@ -28,6 +28,11 @@ ADD = {
 }
 
 
+def chat_tool(tool: dict) -> dict:
+    """A Responses API function tool as the chat API writes it."""
+    return {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
+
+
 def chat_text(openai_client, messages: list[dict], **kwargs) -> str:
     response = openai_client.chat.completions.create(model=MODEL, messages=messages, temperature=0, **kwargs)
     return response.choices[0].message.content
@@ -106,8 +111,26 @@ def test_a_conversation_with_a_function_result(openai_client):
         {"type": "function_call", "call_id": "call_1", "name": "add", "arguments": '{"a": 2, "b": 3}'},
         {"type": "function_call_output", "call_id": "call_1", "output": "5"},
     ]
-    response = openai_client.responses.create(model=MODEL, input=items, tools=[ADD], max_output_tokens=8)
-    assert response.status in ("completed", "incomplete")
+    response = openai_client.responses.create(
+        model=MODEL, input=items, tools=[ADD], max_output_tokens=8, temperature=0, tool_choice="none"
+    )
+    # the same conversation as chat messages: the call an assistant turn, its output a tool turn
+    messages = [
+        items[0],
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "5"},
+    ]
+    chat = openai_client.chat.completions.create(
+        model=MODEL, messages=messages, tools=[chat_tool(ADD)], tool_choice="none", max_tokens=8, temperature=0
+    )
+    assert response.output_text == chat.choices[0].message.content
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
 
 
 class Answer(pydantic.BaseModel):
