@@ -3,10 +3,11 @@
 llama.cpp users serve Q8_0 and Q4 files because a decode step streams every weight from memory: 8 bits are a
 quarter of float32's bytes and 4 bits an eighth. The engine loads such a model as transformers dequantizes it
 (runtime/gguf.py), then swaps each nn.Linear whose GGUF tensor is Q8_0, Q4_0 or Q4_1 for a QuantizedLinear
-holding that tensor's blocks, and frees the float32 copy; the input embedding, when the file keeps it in blocks
-(or ties it to a block-quantized output layer), becomes a QuantizedEmbedding that reads the same blocks. The swap is checked, not trusted: the blocks, read
-through the same row order transformers applied (llama.cpp stores Q and K rows permuted), must dequantize to
-exactly the float32 weight they replace, else the layer keeps its float32 weight and the log says why.
+holding that tensor's blocks, and frees the float32 copy; the input embedding, when the file keeps it in
+blocks (or ties it to a block-quantized output layer), becomes a QuantizedEmbedding that reads the same blocks.
+The swap is checked, not trusted: the blocks, read through the same row order transformers applied (llama.cpp
+stores Q and K rows permuted), must dequantize to exactly the float32 weight they replace, else the layer keeps
+its float32 weight and the log says why.
 
 A few rows (decode steps) run the native kernel over the blocks; many rows (prefill) dequantize the weight and
 use the float32 GEMM, which is faster there even counting the dequantization.
