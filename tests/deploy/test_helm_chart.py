@@ -80,3 +80,18 @@ def test_without_a_volume_claim_an_init_container_fetches_the_default_model():
     pod = render(None)["Deployment"]["spec"]["template"]["spec"]
     assert pod["initContainers"][0]["name"] == "fetch-model"
     assert "emptyDir" in pod["volumes"][0]
+
+
+def test_the_service_exposes_tritons_ports_only_when_asked_and_only_behind_the_key():
+    def exposed(values: dict | None) -> set[str]:
+        return {port["name"] for port in render(values)["Service"]["spec"]["ports"]}
+
+    assert exposed(None) == {"openai", "metrics"}  # inference and stop only through the shim's key
+    with pytest.raises(Exception, match="needs shim.apiKeySecret"):
+        render({"service": {"exposeTriton": True}})
+    guarded = {"service": {"exposeTriton": True}, "shim": {"apiKeySecret": "tritonllm-api-key"}}
+    assert exposed(guarded) == {"openai", "metrics", "http", "grpc"}
+    triton, shim = render(guarded)["Deployment"]["spec"]["template"]["spec"]["containers"]
+    for container in (triton, shim):  # the same key: Triton asks for it, the shim sends it
+        key = {e["name"]: e for e in container["env"]}["TRITONLLM_API_KEY"]
+        assert key["valueFrom"]["secretKeyRef"] == {"name": "tritonllm-api-key", "key": "api-key"}

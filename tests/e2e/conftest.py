@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -39,6 +41,34 @@ def running_shim(settings: ShimSettings) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+@contextlib.contextmanager
+def running_serve(model_dir: Path, log_dir: Path, *flags: str) -> Iterator[dict[str, int]]:
+    """`tritonllm serve` itself, in a process of its own on free loopback ports, until its shim's /health
+    answers; yields the ports by flag."""
+    import httpx
+
+    ports = {flag: free_port() for flag in ("--http-port", "--grpc-port", "--metrics-port", "--shim-port")}
+    command = [str(Path(sys.executable).parent / "tritonllm"), "serve", "--model-dir", str(model_dir), *flags]
+    command += [str(v) for pair in ports.items() for v in pair]
+    log_path = log_dir / "serve.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 300
+            while True:
+                assert process.poll() is None, log_path.read_text()
+                assert time.monotonic() < deadline, "serve did not get healthy"
+                try:
+                    if httpx.get(f"http://127.0.0.1:{ports['--shim-port']}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.3)
+            yield ports
+        finally:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(60)
 
 
 @pytest.fixture(scope="session")

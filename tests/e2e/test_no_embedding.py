@@ -3,35 +3,15 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import httpx
 
-from tritonllm.runtime.tritonserver import free_port
+from .conftest import running_serve
 
 
 def test_serve_without_the_embedding_model(tiny_model_dir, tmp_path):
-    ports = {flag: free_port() for flag in ("--http-port", "--grpc-port", "--metrics-port", "--shim-port")}
-    command = [str(Path(sys.executable).parent / "tritonllm"), "serve", "--model-dir", str(tiny_model_dir)]
-    command += ["--no-embedding", *(str(v) for pair in ports.items() for v in pair)]
-    log = (tmp_path / "serve.log").open("w")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    shim = f"http://127.0.0.1:{ports['--shim-port']}"
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            assert process.poll() is None, (tmp_path / "serve.log").read_text()
-            try:
-                if httpx.get(f"{shim}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
+    with running_serve(tiny_model_dir, tmp_path, "--no-embedding") as ports:
         triton = f"http://127.0.0.1:{ports['--http-port']}"
+        shim = f"http://127.0.0.1:{ports['--shim-port']}"
         assert httpx.get(f"{triton}/v2/models/llm/ready").status_code == 200
         assert httpx.get(f"{triton}/v2/models/embedding/ready").status_code != 200
         index = httpx.post(f"{triton}/v2/repository/index", json={}).json()
@@ -45,7 +25,3 @@ def test_serve_without_the_embedding_model(tiny_model_dir, tmp_path):
 
         completion = httpx.post(f"{shim}/v1/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 4})
         assert completion.status_code == 200 and completion.json()["usage"]["completion_tokens"] == 4
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(60)
-        log.close()

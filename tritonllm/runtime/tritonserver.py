@@ -141,6 +141,21 @@ def free_port(host: str = "127.0.0.1") -> int:
     raise OSError(f"no free port in {PICKED_PORTS} on {host}")
 
 
+API_KEY_HEADER = "triton-api-key"
+GRPC_API_KEY_HEADER = f"triton-grpc-protocol-{API_KEY_HEADER}"  # Triton prefixes the gRPC one
+# Every API Triton can restrict but health, which probes need (Kubernetes' and `serve`'s own readiness poll).
+RESTRICTED_APIS = (
+    "metadata",
+    "inference",
+    "shared-memory",
+    "model-config",
+    "model-repository",
+    "statistics",
+    "trace",
+    "logging",
+)
+
+
 @dataclass
 class TritonServer:
     model_repository: Path
@@ -152,6 +167,9 @@ class TritonServer:
     log_file: Path | None = None
     llm_instances: int = 1  # engines in the llm model (instance_group count), each with its own KV pool
     without_models: tuple[str, ...] = ()  # models of the repository this server does not load
+    # When set, every HTTP and gRPC API but health needs the header `triton-api-key: <api_key>` (Triton's
+    # restricted APIs), so that nobody reaches inference or the model repository past the shim's key.
+    api_key: str | None = None
     # On stop, how long running requests may take to finish. In-flight ensemble requests cannot finish once
     # shutdown refuses their next step, so the default does not wait long.
     exit_timeout_s: int = 10
@@ -191,7 +209,16 @@ class TritonServer:
             # The configs are complete. Auto-completion would start a Python stub per model only to import its
             # model.py (torch, transformers) and ask it for a config, before the stub that serves imports it again.
             "--disable-auto-complete-config",
+            *self.restriction(),
         ]
+
+    def restriction(self) -> list[str]:
+        if not self.api_key:
+            return []
+        if not re.fullmatch(r"[\x21-\x7e]+", self.api_key) or "," in self.api_key:
+            raise ServerError("the API key must be printable ASCII without spaces or commas to guard Triton's ports")
+        guarded = f"{','.join(RESTRICTED_APIS)}:{API_KEY_HEADER}={self.api_key}"
+        return [f"--http-restricted-api={guarded}", f"--grpc-restricted-protocol={guarded}"]
 
     def start(self, timeout: float | None = None, progress: Callable[[str], None] | None = None) -> None:
         """Starts the server and waits while its models load, however long that takes (`timeout`: at most so

@@ -20,7 +20,7 @@ from .triton_client import TritonLLMClient
 def create_app(settings: ShimSettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        app.state.triton = TritonLLMClient(settings.triton_grpc_url)
+        app.state.triton = TritonLLMClient(settings.triton_grpc_url, settings.api_key)
         try:
             yield
         finally:

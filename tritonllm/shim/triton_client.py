@@ -23,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 from .. import errors, request_parameters
 from ..runtime import response_status
+from ..runtime.tritonserver import GRPC_API_KEY_HEADER
 
 ENSEMBLE = "ensemble"
 LLM = "llm"
@@ -266,8 +267,10 @@ def _infer_input(name: str, datatype: str, array: np.ndarray) -> grpcclient.Infe
 
 
 class TritonLLMClient:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, api_key: str | None = None) -> None:
+        """`api_key`: sent as the header a key-guarded tritonserver asks for (runtime/tritonserver.py)."""
         self._client = grpcclient.InferenceServerClient(url)
+        self._headers = {GRPC_API_KEY_HEADER: api_key} if api_key else None
         self._background: set[asyncio.Task] = set()
 
     async def close(self) -> None:
@@ -277,7 +280,7 @@ class TritonLLMClient:
 
     async def ready(self) -> bool:
         try:
-            return await self._client.is_model_ready(ENSEMBLE)
+            return await self._client.is_model_ready(ENSEMBLE, headers=self._headers)
         except InferenceServerException:
             return False
 
@@ -334,7 +337,7 @@ class TritonLLMClient:
     async def _infer(self, model: str, inputs: list, outputs: list[str] | None = None):
         """One request, one response; shielded, so that a caller going away does not cancel the call."""
         wanted = [grpcclient.InferRequestedOutput(name) for name in outputs] if outputs else None
-        call = self._run_in_background(self._client.infer(model, inputs, outputs=wanted))
+        call = self._run_in_background(self._client.infer(model, inputs, outputs=wanted, headers=self._headers))
         try:
             return await asyncio.shield(call)
         except InferenceServerException as e:
@@ -364,7 +367,7 @@ class TritonLLMClient:
         async def one_request():
             yield {"model_name": model, "inputs": inputs, "request_id": request_id}
 
-        return Call(self._client.stream_infer(one_request()), self._run_in_background)
+        return Call(self._client.stream_infer(one_request(), headers=self._headers), self._run_in_background)
 
     def _run_in_background(self, coroutine: Coroutine) -> asyncio.Task:
         """A task referenced until it ends: neither its caller leaving nor the garbage collector cancels it."""
