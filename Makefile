@@ -10,10 +10,10 @@ PYTEST_ARGS ?=
 
 install: $(VENV)/.installed
 
-# pgrep finds the stubs a server leaves; curl runs the README examples.
+# pgrep finds the stubs a server leaves; curl runs the README examples; openssl makes the TLS test's certificate.
 system-deps:
-	@command -v pgrep >/dev/null && command -v curl >/dev/null || \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq procps curl)
+	@command -v pgrep >/dev/null && command -v curl >/dev/null && command -v openssl >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq procps curl openssl)
 
 $(VENV)/.installed: pyproject.toml | system-deps
 	test -x $(PY) || python3 -m venv $(VENV)

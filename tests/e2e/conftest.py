@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -44,9 +45,11 @@ def running_shim(settings: ShimSettings) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def running_serve(model_dir: Path, log_dir: Path, *flags: str) -> Iterator[dict[str, int]]:
+def running_serve(
+    model_dir: Path, log_dir: Path, *flags: str, scheme: str = "http", verify: Path | bool = True
+) -> Iterator[dict[str, int]]:
     """`tritonllm serve` itself, in a process of its own on free loopback ports, until its shim's /health
-    answers; yields the ports by flag."""
+    answers (over `scheme`, the certificate checked against `verify`); yields the ports by flag."""
     import httpx
 
     ports = {flag: free_port() for flag in ("--http-port", "--grpc-port", "--metrics-port", "--shim-port")}
@@ -61,7 +64,9 @@ def running_serve(model_dir: Path, log_dir: Path, *flags: str) -> Iterator[dict[
                 assert process.poll() is None, log_path.read_text()
                 assert time.monotonic() < deadline, "serve did not get healthy"
                 try:
-                    if httpx.get(f"http://127.0.0.1:{ports['--shim-port']}/health", timeout=2).status_code == 200:
+                    health = f"{scheme}://127.0.0.1:{ports['--shim-port']}/health"
+                    trusted = ssl.create_default_context(cafile=verify) if isinstance(verify, Path) else verify
+                    if httpx.get(health, timeout=2, verify=trusted).is_success:
                         break
                 except httpx.HTTPError:
                     time.sleep(0.3)
