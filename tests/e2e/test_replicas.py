@@ -24,6 +24,7 @@ from triton_helpers import metric, wait_for
 from tritonllm.runtime.tritonserver import free_port
 
 MAX_TOKENS = 400  # long enough to be streaming when the kill comes
+DRAIN_S = 600
 
 
 @dataclass
@@ -81,7 +82,9 @@ def start_replica(name: str, log_dir: Path, as_pod: bool = False) -> Replica:
     http, grpc, metrics, shim = (free_port() for _ in range(4))
     cli = str(Path(sys.executable).parent / "tritonllm")
     serve = [cli, "serve", f"--model-dir={MODELS / 'tiny'}", f"--http-port={http}", f"--grpc-port={grpc}"]
-    serve += [f"--metrics-port={metrics}", f"--shim-port={shim}"]
+    # The drain is an upper bound, as a pod's terminationGracePeriodSeconds: generous, so that the SIGTERM case
+    # holds on a machine of any speed (the streams end as soon as they have their tokens).
+    serve += [f"--metrics-port={metrics}", f"--shim-port={shim}", f"--drain-seconds={DRAIN_S}"]
     commands = [serve]
     if as_pod:
         serve.append("--no-shim")
@@ -166,7 +169,7 @@ async def load_with_a_kill_then_a_sigterm(replicas: list[Replica]) -> tuple[list
     assert wait_for(lambda: metric(replicas[0], "tritonllm_kv_blocks_used") == 0, timeout=30)
     last = await streaming(router, 4)
     replicas[0].started[0].send_signal(signal.SIGTERM)  # a pod being replaced
-    drained = await asyncio.wait_for(asyncio.gather(*last), 120)
+    drained = await asyncio.wait_for(asyncio.gather(*last), DRAIN_S)
     return during, after, drained
 
 
