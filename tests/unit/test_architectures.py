@@ -13,7 +13,7 @@ import transformers
 from architectures import ARCHITECTURES, WINDOW, build_architecture
 from oracles import greedy_ids
 
-from tritonllm.engine import cpu_kernels, paged_attention
+from tritonllm.engine import cpu_kernels, native_decode, paged_attention
 from tritonllm.engine.engine import EngineConfig, LLMEngine
 from tritonllm.engine.model_check import UnsupportedModelError
 from tritonllm.engine.sampling_params import SamplingParams
@@ -37,9 +37,15 @@ def architectures_dir(tmp_path_factory, tokenizer):
     return out
 
 
-def engine_outputs(model_dir, prompt_list: list[list[int]]) -> list[list[int]]:
+def engine_outputs(model_dir, prompt_list: list[list[int]], native: bool = True) -> list[list[int]]:
+    """The engine's greedy outputs; `native`: whether its decode steps must run the native kernels (and, where
+    native_decode.why_not finds nothing against it, the native decoder stack) or must not."""
     # 24-token steps: the long prompts are chunked; 8-token blocks: the shared prefix is two full blocks.
     engine = LLMEngine(EngineConfig(str(model_dir), num_kv_blocks=64, block_size=8, max_num_batched_tokens=24))
+    runner = engine.runner
+    assert runner.native_decode is native
+    stack = native and native_decode.why_not(runner.model) is None
+    assert (runner.decoder_stack is not None) is stack, native_decode.why_not(runner.model)
     seqs = [Sequence(p, SamplingParams(max_tokens=NEW_TOKENS)) for p in prompt_list]
     engine.add(seqs[0])
     engine.add(seqs[1])
@@ -63,7 +69,7 @@ def test_greedy_equals_generate(architectures_dir, family, native, monkeypatch):
     hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
     prompt_list = prompts()
     expected = [greedy_ids(hf, p, NEW_TOKENS) for p in prompt_list]
-    assert engine_outputs(model_dir, prompt_list) == expected
+    assert engine_outputs(model_dir, prompt_list, native) == expected
 
 
 @pytest.mark.parametrize("family", sorted(WINDOWED))
