@@ -57,6 +57,7 @@ def _interrupt(*_) -> None:
 def serve(args: argparse.Namespace) -> int:
 
     from .runtime import gguf
+    from .runtime.supervisor import Supervisor
     from .runtime.tritonserver import ServerError, TritonServer, port_is_free
     from .shim.settings import ShimSettings
 
@@ -121,6 +122,7 @@ def serve(args: argparse.Namespace) -> int:
             {EMBEDDING_MODEL_DIR_ENV: str(Path(args.embedding_model_dir).resolve())} if args.embedding_model_dir else {}
         ),
     )
+    supervisor = Supervisor(server, _progress)
     started = time.monotonic()
     _progress(f"starting tritonserver on {triton_host} (http {args.http_port}, grpc {args.grpc_port}) for {model_dir}")
     # SIGTERM unwinds like Ctrl-C (uvicorn handles both while it runs, and re-raises them when done).
@@ -128,10 +130,10 @@ def serve(args: argparse.Namespace) -> int:
     try:
         server.start(progress=lambda text: _progress(f"{text} (a first start also builds the native CPU kernels)"))
         _progress(f"tritonserver ready in {time.monotonic() - started:.1f}s")
+        supervisor.start()
         if args.no_shim:
-            code = server.process.wait()
-            _progress(f"tritonserver exited with code {code}")
-            return 1
+            supervisor.wait()  # until Ctrl-C or SIGTERM; a server that dies is restarted meanwhile
+            return 0
         parser = tool_format.result()
         _progress(f"tool calls in the {parser} format")
         settings = ShimSettings(
@@ -144,13 +146,14 @@ def serve(args: argparse.Namespace) -> int:
             api_key=args.api_key,
         )
         _progress(f"shim on http://{args.host}:{args.shim_port} serving model {settings.served_model_name!r}")
-        _run_shim(settings, args, args.shim_port)
+        _run_shim(settings, args, args.shim_port, unavailable=lambda: supervisor.unavailable)
     except ServerError as e:
         _progress(str(e))
         return 1
     except KeyboardInterrupt:
         pass
     finally:
+        supervisor.close()
         _progress("stopping tritonserver")
         server.stop()
     return 0
@@ -183,7 +186,8 @@ def shim(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_shim(settings, args: argparse.Namespace, port: int) -> None:
+def _run_shim(settings, args: argparse.Namespace, port: int, unavailable=None) -> None:
+    """`unavailable`: says why the Triton behind the shim cannot serve right now (None while it can)."""
     import uvicorn
 
     from .shim.app import create_app
@@ -191,7 +195,7 @@ def _run_shim(settings, args: argparse.Namespace, port: int) -> None:
     if not settings.api_key and args.host not in LOOPBACK:
         _progress(f"warning: the shim listens on {args.host} and asks for no API key (--api-key)")
     uvicorn.run(
-        create_app(settings),
+        create_app(settings, unavailable),
         host=args.host,
         port=port,
         log_level="warning",

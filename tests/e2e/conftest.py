@@ -49,7 +49,8 @@ def running_serve(
     model_dir: Path, log_dir: Path, *flags: str, scheme: str = "http", verify: Path | bool = True
 ) -> Iterator[dict[str, int]]:
     """`tritonllm serve` itself, in a process of its own on free loopback ports, until its shim's /health
-    answers (over `scheme`, the certificate checked against `verify`); yields the ports by flag."""
+    answers (over `scheme`, the certificate checked against `verify`); yields the ports by flag, and serve's
+    process id as "pid"."""
     import httpx
 
     ports = {flag: free_port() for flag in ("--http-port", "--grpc-port", "--metrics-port", "--shim-port")}
@@ -70,7 +71,7 @@ def running_serve(
                         break
                 except httpx.HTTPError:
                     time.sleep(0.3)
-            yield ports
+            yield {**ports, "pid": process.pid}
         finally:
             os.killpg(process.pid, signal.SIGTERM)
             process.wait(60)

@@ -177,6 +177,7 @@ class TritonServer:
     # The stubs seen once the server was ready (pid -> shared-memory region): a crashed server's stubs are no
     # longer its children, and live on.
     _stubs: dict[int, str | None] = field(default_factory=dict, init=False, repr=False)
+    _stub_models: dict[int, str] = field(default_factory=dict, init=False, repr=False)
     _loads: ModelLoads = field(default_factory=ModelLoads, init=False, repr=False)
     _staged: Path | None = field(default=None, init=False, repr=False)
 
@@ -240,6 +241,7 @@ class TritonServer:
         threading.Thread(target=self._follow_log, args=(self.process.stdout,), daemon=True).start()
         self.wait_ready(timeout, progress)
         self._stubs = {pid: _stub_shm_region(pid) for pid in _children(self.process.pid)}
+        self._stub_models = {pid: _stub_model(pid) for pid in self._stubs}
 
     def _follow_log(self, stream) -> None:
         """Copies the server's output to the log file (or this process's stdout) and notes the models' loads."""
@@ -292,6 +294,20 @@ class TritonServer:
 
     def _log_hint(self) -> str:
         return f"; see {self.log_file}" if self.log_file else ""
+
+    def dead_parts(self) -> list[str]:
+        """What of the running server has died: the server itself, or the Python stubs (by model) it had
+        started when it got ready; empty while everything lives (or nothing was started)."""
+        if self.process is None:
+            return []
+        if self.process.poll() is not None:
+            return [f"tritonserver (exit code {self.process.returncode})"]
+        # a dead stub is gone, or a zombie with no command line, or its pid now someone else's
+        return [
+            f"the {self._stub_models.get(pid, pid)} model's process"
+            for pid, region in self._stubs.items()
+            if region and _stub_shm_region(pid) != region
+        ]
 
     def stop(self, timeout: float | None = None) -> None:
         """Stops the server and every stub it started, then removes the shared memory they leave."""
@@ -362,6 +378,15 @@ def _children(pid: int) -> list[int]:
     except FileNotFoundError:
         return []
     return [int(p) for p in out.split()]
+
+
+def _stub_model(pid: int) -> str:
+    """The model a stub serves: its first argument is the model's `<model>/<version>/model.py`."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return f"pid {pid}"
+    return Path(args[1].decode()).parent.parent.name if len(args) > 1 else f"pid {pid}"
 
 
 def _stub_shm_region(pid: int) -> str | None:

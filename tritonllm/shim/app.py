@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -17,7 +18,10 @@ from .settings import ShimSettings
 from .triton_client import TritonLLMClient
 
 
-def create_app(settings: ShimSettings) -> FastAPI:
+def create_app(settings: ShimSettings, unavailable: Callable[[], str | None] | None = None) -> FastAPI:
+    """`unavailable`: why the server behind the shim cannot serve right now (a restart under way), or None;
+    while it says why, /health and every route answer 503 with the reason."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.triton = TritonLLMClient(settings.triton_grpc_url, settings.api_key)
@@ -30,6 +34,8 @@ def create_app(settings: ShimSettings) -> FastAPI:
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)
+    if unavailable is not None:
+        app.add_middleware(WhileUnavailable, reason=unavailable)
     if settings.api_key:
         app.add_middleware(RequireAPIKey, expected=f"Bearer {settings.api_key}".encode())
     metrics.install(app)
@@ -42,10 +48,29 @@ def create_app(settings: ShimSettings) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        ready = await app.state.triton.ready()
-        return JSONResponse({"status": "ok" if ready else "unavailable"}, status_code=200 if ready else 503)
+        if await app.state.triton.ready():
+            return JSONResponse({"status": "ok"})
+        reason = "tritonserver does not answer, or its ensemble is not ready"
+        return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503)
 
     return app
+
+
+class WhileUnavailable:
+    """503 with the reason, on every route, while the server behind the shim is being restarted."""
+
+    def __init__(self, app: ASGIApp, reason: Callable[[], str | None]) -> None:
+        self.app = app
+        self.reason = reason
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        reason = self.reason() if scope["type"] == "http" and scope["path"] != "/metrics" else None
+        if reason is not None:
+            body = {"status": "unavailable", "reason": reason} if scope["path"] == "/health" else None
+            error = APIError(503, reason)
+            await JSONResponse(body or error.body(), status_code=503)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 class RequireAPIKey:
