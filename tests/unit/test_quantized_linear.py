@@ -145,3 +145,20 @@ def test_int8_activations_serve_the_q4_1_model_close_to_exact(smollm2_q4_1):
         logits[int8] = torch.stack(seq.generation_logits)
     gap = (logits[True] - logits[False]).abs().max() / logits[False].abs().max()
     assert 0 < gap < 0.05
+
+
+def test_a_layer_whose_kernel_computes_otherwise_stays_float32(smollm2_q4_1, monkeypatch):
+    """The load holds the kernel that will run, not only the dequantized blocks, to the float32 weight."""
+    import transformers
+
+    file, model_dir = smollm2_q4_1
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    honest = QuantizedLinear.forward
+    # off by a thousandth on gate_proj's and up_proj's shape (1536 x 576): 60 layers
+    monkeypatch.setattr(
+        QuantizedLinear, "forward", lambda self, x: honest(self, x) * (1.001 if self.out_features == 1536 else 1)
+    )
+    assert quantized_linear.quantize_from_gguf(model, file) == 211 - 60
+    mlp = model.model.layers[5].mlp
+    assert type(mlp.gate_proj) is torch.nn.Linear and type(mlp.up_proj) is torch.nn.Linear
+    assert isinstance(mlp.down_proj, QuantizedLinear)

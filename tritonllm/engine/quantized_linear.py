@@ -177,7 +177,11 @@ def quantize_from_gguf(model: torch.nn.Module, gguf_file: Path, int8_activations
             refused.append(name)
             continue
         if key:
-            _replace(model, name, QuantizedLinear(blocks, linears[key][0].bias, int8_activations))
+            layer = QuantizedLinear(blocks, linears[key][0].bias, int8_activations)
+            if not kernel_matches(layer, weight, linears[key][0].bias):
+                refused.append(name)
+                continue
+            _replace(model, name, layer)
             swapped += 1
         if embeds:  # the same blocks, shared with a tied output layer
             _replace(model, embedding_name, QuantizedEmbedding(blocks))
@@ -188,8 +192,34 @@ def quantize_from_gguf(model: torch.nn.Module, gguf_file: Path, int8_activations
             dict(other_formats),
         )
     if refused:
-        log.warning("%d layers keep float32 weights: their GGUF blocks do not match them (%s)", len(refused), refused)
+        log.warning(
+            "%d layers keep float32 weights: their GGUF blocks, or the kernel on them, do not match them (%s)",
+            len(refused),
+            refused,
+        )
     return swapped
+
+
+# The kernel's output on a probe against torch's matmul on the float32 weight, as a fraction of the largest
+# output: float32 sums differ in order only; 8-bit inputs round each value by up to 1/254 of its block's largest.
+KERNEL_TOLERANCE = 1e-4
+INT8_KERNEL_TOLERANCE = 3e-2
+PROBE_ROWS = (1, 3, 8)  # the few-row and the block paths of the kernel (GEMM_ROWS and up is torch's own GEMM)
+
+
+@torch.inference_mode()
+def kernel_matches(layer: QuantizedLinear, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether the kernel that will run computes the layer within tolerance of its float32 weight: the load
+    holds the arithmetic that serves, not only the blocks' dequantization, to the weight it replaces."""
+    generator = torch.Generator().manual_seed(0)
+    tolerance = INT8_KERNEL_TOLERANCE if layer.int8_activations else KERNEL_TOLERANCE
+    for rows in PROBE_ROWS:
+        x = torch.randn(rows, layer.in_features, generator=generator)
+        exact = F.linear(x, weight, bias)
+        if not (layer(x) - exact).abs().max().item() <= tolerance * exact.abs().max().item():
+            log.warning("a quantized layer's kernel output differs from its float32 weight's on a probe")
+            return False
+    return True
 
 
 def _replace(model: torch.nn.Module, name: str, module: torch.nn.Module) -> None:
