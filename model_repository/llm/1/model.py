@@ -45,10 +45,12 @@ class TritonPythonModel:
         if params.instance_count > 1:  # each instance is a process with a forward pass of its own
             torch.set_num_threads(tensor_parallel.cores_per(params.instance_count))
         self.engine = load_on_own_thread(lambda: LLMEngine(config))
-        blocks = self.engine.blocks
+        blocks, runner = self.engine.blocks, self.engine.runner
         pb_utils.Logger.log_info(
             f"{args['model_instance_name']}: KV cache of {blocks.num_blocks * blocks.block_size} tokens "
-            f"({blocks.num_blocks} blocks of {blocks.block_size}), {self.engine.kv_cache_bytes / 2**20:.0f} MiB"
+            f"({blocks.num_blocks} blocks of {blocks.block_size}), {self.engine.kv_cache_bytes / 2**20:.0f} MiB; "
+            f"{runner.quantized_layers} linear layers on GGUF blocks; "
+            f"decode steps on the {'native decoder stack' if runner.decoder_stack else 'modules'}"
         )
         self.grammars = GrammarCompiler(load_tokenizer(model_dir))
         self.hidden_size = self.engine.runner.model.config.hidden_size
