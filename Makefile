@@ -95,6 +95,12 @@ bench-peers: install kernels $(MODELS)/$(DEFAULT_MODEL)/config.json
 	$(PIP) install -q -e '.[test,bench]'
 	$(PY) bench/peers.py $(PEERS_ARGS)
 
+# The whole server's memory beside llama.cpp's and vLLM's, at the same KV capacity (bench/footprint.py).
+bench-footprint: install kernels $(MODELS)/$(DEFAULT_MODEL)/config.json
+	command -v cmake >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++)
+	$(PIP) install -q -e '.[test,bench]'
+	$(PY) bench/footprint.py
+
 lint: install
 	$(VENV)/bin/ruff check tritonllm model_repository tests client bench
 	$(VENV)/bin/ruff format --check tritonllm model_repository tests client bench
