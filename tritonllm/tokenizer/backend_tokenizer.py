@@ -21,10 +21,10 @@ from typing import Any
 
 from ..runtime.model_config import load_tokenizer
 from . import model_cache
+from .tool_calls import PROBE_TOOL
 
 SPECIAL = ("bos_token", "eos_token", "pad_token", "unk_token")
 _PROBE_TEXTS = ("Hello world", " leading space\n\ttabs  and  runs", "éè 中文 🙂")
-_PROBE_TOOL = {"type": "function", "function": {"name": "probe", "parameters": {"type": "object"}}}
 
 
 class BackendTokenizer:
@@ -153,7 +153,7 @@ def _same_on_probes(candidate: BackendTokenizer, tokenizer) -> bool:
     if tokenizer.chat_template is None:
         return True
     conversation = [{"role": "system", "content": "s"}, {"role": "user", "content": _PROBE_TEXTS[2]}]
-    for tools in (None, [_PROBE_TOOL]):
+    for tools in (None, [PROBE_TOOL]):
         try:
             expected = tokenizer.apply_chat_template(conversation, tools=tools, add_generation_prompt=True)
         except Exception:  # a template that breaks on a probe: not judged by it

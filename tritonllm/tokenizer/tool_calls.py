@@ -107,18 +107,18 @@ _SEVERAL = {
 _TEXT_NOT_A_CALL = "TEXT: /\\s*[^{\\[\\s][\\s\\S]*/\n"
 # An answer that starts with one of these may be a call, in the formats whose calls stand alone.
 _BARE_OPENINGS = {"llama3_json": "{", "json": "{["}
-_PROBE_TOOL = {"type": "function", "function": {"name": "tritonllm_probe_tool", "parameters": {"type": "object"}}}
+PROBE_TOOL = {"type": "function", "function": {"name": "tritonllm_probe_tool", "parameters": {"type": "object"}}}
 
 
 def renders_tools(tokenizer) -> bool:
     """Whether the chat template puts the tools it is given into the prompt."""
     try:
         text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": "hi"}], tools=[_PROBE_TOOL], add_generation_prompt=True, tokenize=False
+            [{"role": "user", "content": "hi"}], tools=[PROBE_TOOL], add_generation_prompt=True, tokenize=False
         )
     except Exception:  # a template that breaks on tools renders none
         return False
-    return _PROBE_TOOL["function"]["name"] in text
+    return PROBE_TOOL["function"]["name"] in text
 
 
 def detect_format(tokenizer) -> ToolCallFormat:
