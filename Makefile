@@ -15,11 +15,12 @@ system-deps:
 	@command -v pgrep >/dev/null && command -v curl >/dev/null && command -v openssl >/dev/null || \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq procps curl openssl)
 
-$(VENV)/.installed: pyproject.toml | system-deps
+$(VENV)/.installed: pyproject.toml constraints.txt | system-deps
 	test -x $(PY) || python3 -m venv $(VENV)
 	# torch first and pinned: the CPU wheel lies on the machine, any other build pulls CUDA packages.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test]'
+	# constraints.txt: the tested versions of the libraries the engine builds on (pyproject.toml keeps ranges)
+	$(PIP) install -q -c constraints.txt -e '.[test]'
 	# KServe's generated API types check deploy/kserve; its model server's dependencies are not wanted here.
 	$(PIP) install -q --no-deps kserve==0.21.0
 	touch $@
@@ -83,7 +84,7 @@ test-instances: install kernels clients $(MODELS)/tiny/config.json
 
 # W1 side by side (transformers generate, generate_batch, decode ceiling, this engine in-process and via Triton).
 bench: install kernels model
-	$(PIP) install -q -e '.[test,bench]'
+	$(PIP) install -q -c constraints.txt -e '.[test,bench]'
 	$(PY) bench/run.py
 
 # This project against llama.cpp's server on SmolLM2, side by side (bench/peers.py). llama-server is built once
@@ -92,13 +93,13 @@ bench: install kernels model
 PEERS_ARGS ?= --variant prefill_slowdown=0
 bench-peers: install kernels $(MODELS)/$(DEFAULT_MODEL)/config.json
 	command -v cmake >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++)
-	$(PIP) install -q -e '.[test,bench]'
+	$(PIP) install -q -c constraints.txt -e '.[test,bench]'
 	$(PY) bench/peers.py $(PEERS_ARGS)
 
 # The whole server's memory beside llama.cpp's and vLLM's, at the same KV capacity (bench/footprint.py).
 bench-footprint: install kernels $(MODELS)/$(DEFAULT_MODEL)/config.json
 	command -v cmake >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++)
-	$(PIP) install -q -e '.[test,bench]'
+	$(PIP) install -q -c constraints.txt -e '.[test,bench]'
 	$(PY) bench/footprint.py
 
 lint: install

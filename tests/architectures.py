@@ -49,6 +49,7 @@ ARCHITECTURES: dict[str, tuple[str, dict]] = {
     "gpt_neox": ("GPTNeoXConfig", {"rotary_pct": 0.5}),
     "gpt2": ("GPT2Config", {}),
     "opt": ("OPTConfig", {}),
+    "gptj": ("GPTJConfig", {"rotary_dim": 8}),  # rotary on part of each head, interleaved pairs
 }
 
 # Architectures whose configs name their sizes differently.
@@ -62,7 +63,8 @@ _RENAMED = {
     },
     "opt": {"intermediate_size": "ffn_dim"},
 }
-_NO_GQA = {"gpt_neox", "gpt2", "opt"}
+_RENAMED["gptj"] = _RENAMED["gpt2"]
+_NO_GQA = {"gpt_neox", "gpt2", "opt", "gptj"}
 
 
 def build_architecture(family: str, tokenizer, out_dir: Path) -> Path:

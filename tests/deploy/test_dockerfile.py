@@ -30,7 +30,19 @@ def test_the_dockerfile_copies_what_exists_on_the_base_docker_compose_runs():
     for copy in instructions("COPY"):
         *sources, _ = copy.split()
         assert all((ROOT / source).exists() for source in sources), copy
-    assert any("pip install" in run and " -e ." in f"{run} " for run in instructions("RUN"))
+    installs = [run for run in instructions("RUN") if "pip install" in run and " -e ." in f"{run} "]
+    assert installs and all("-c constraints.txt" in run for run in installs)
+
+
+def test_every_install_of_the_project_takes_the_tested_versions():
+    """constraints.txt pins what the engine builds on; an install without it takes whatever was released last."""
+    makefile = (ROOT / "Makefile").read_text()
+    installs = [line for line in makefile.splitlines() if "install" in line and " -e " in line]
+    assert installs and all("-c constraints.txt" in line for line in installs), installs
+    pinned = dict(line.split("==") for line in (ROOT / "constraints.txt").read_text().splitlines() if "==" in line)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    named = {dependency.split("[")[0].split(">")[0].split("<")[0].split("=")[0].strip() for dependency in project}
+    assert {"transformers", "tokenizers", "llguidance", "gguf"} <= pinned.keys() <= named | {"huggingface_hub"}
 
 
 def test_the_image_exposes_the_charts_ports_and_runs_a_command_tritonllm_accepts():

@@ -108,7 +108,11 @@ REFUSED = {
     ),  # fmt: skip
     "embedding_gemma": ("Gemma3TextConfig", {**_SMALL, "use_bidirectional_attention": True}, "bidirectional"),
     # attention code of its own (not transformers' AttentionInterface)
-    "gptj": ("GPTJConfig", {"n_embd": 64, "n_layer": 2, "n_head": 4, "rotary_dim": 8}, "Interface"),
+    "gpt_neo": (
+        "GPTNeoConfig",
+        {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "attention_types": [[["global"], 2]]},
+        "Interface",
+    ),
 }
 
 

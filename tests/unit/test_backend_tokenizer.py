@@ -69,7 +69,6 @@ def model_dirs(tmp_path, tiny) -> list:
     template = (tiny / "chat_template.jinja").read_text()
     return [
         tiny,
-        MODELS / "small",
         MODELS / "SmolLM2-135M-Instruct",
         variant(tmp_path, tiny, "bos_added", add_bos_token=True, add_eos_token=True),
         variant(tmp_path, tiny, "split_special", split_special_tokens=True),
