@@ -143,6 +143,7 @@ def serve(args: argparse.Namespace) -> int:
             default_max_tokens=args.default_max_tokens,
             full_text_enabled=args.full_text,
             tool_call_parser=parser,
+            strict_request_fields=args.strict_request_fields,
             api_key=args.api_key,
         )
         _progress(f"shim on http://{args.host}:{args.shim_port} serving model {settings.served_model_name!r}")
@@ -179,6 +180,7 @@ def shim(args: argparse.Namespace) -> int:
         default_max_tokens=args.default_max_tokens,
         full_text_enabled=args.full_text,
         tool_call_parser=args.tool_call_parser,
+        strict_request_fields=args.strict_request_fields,
         api_key=args.api_key,
     )
     _progress(f"shim on http://{args.host}:{args.port} -> triton {args.triton_grpc_url}")
@@ -250,6 +252,12 @@ def _add_access_options(p: argparse.ArgumentParser) -> None:
         "--api-key",
         default=os.environ.get(API_KEY_ENV) or None,
         help=f"require `Authorization: Bearer KEY` on every shim route but /health (default: ${API_KEY_ENV})",
+    )
+    p.add_argument(
+        "--strict-request-fields",
+        action="store_true",
+        help="answer 400 to an OpenAI-style body with a field this server does not know (default: drop it, log "
+        "it and name it in a Warning header, as vLLM does)",
     )
     p.add_argument("--ssl-certfile", help="serve the shim over HTTPS with this certificate (PEM)")
     p.add_argument("--ssl-keyfile", help="the certificate's private key (PEM)")

@@ -95,6 +95,8 @@ PARAMETERS: tuple[Parameter, ...] = (
               ensemble="top_p", field="top_p"),
     Parameter("typical_p", "FP32", "typical-p sampling (transformers' TypicalLogitsWarper)", 1.0,
               within(0, 1, low_open=True), field="typical_p"),
+    Parameter("min_p", "FP32", "keeps the tokens at least min_p times as likely as the likeliest (transformers' "
+              "MinPLogitsWarper, vLLM's min_p)", 0.0, within(0, 1), field="min_p"),
     Parameter("random_seed", "UINT64", "seeds the request's own generator: the same seed gives the same tokens "
               "whatever else is in the batch", None, UINT64, field="seed"),
     Parameter("seed", "UINT64", "random_seed's newer TensorRT-LLM name (give one of them)", None, UINT64),
@@ -107,7 +109,8 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("frequency_penalty", "FP32", "over output tokens, as OpenAI and vLLM", 0.0, FINITE,
               field="frequency_penalty"),
     Parameter("min_length", "INT32", "output tokens before end_id may end the generation", 0, at_least(0)),
-    Parameter("min_tokens", "INT32", "min_length's newer TensorRT-LLM name (give one of them)", 0, at_least(0)),
+    Parameter("min_tokens", "INT32", "min_length's newer TensorRT-LLM name (give one of them)", 0, at_least(0),
+              field="min_tokens"),
     Parameter("no_repeat_ngram_size", "INT32", "no n-gram of this size occurs twice", 0, at_least(0)),
     Parameter("beam_width", "INT32", "beam search (deterministic): the best beams come whole in one final "
               "response, padded with pad_id", 1, within(1, MAX_BEAM_WIDTH)),

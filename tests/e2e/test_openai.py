@@ -133,7 +133,6 @@ def test_sse_framing_ends_with_done(shim_url):
         ("completions", {"model": MODEL, "prompt": "x", "error_behavior": "ignore"}, "error_behavior"),
         ("completions", {"model": MODEL, "prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
         ("completions", {"model": MODEL, "prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
-        ("completions", {"model": MODEL, "prompt": "x", "bogus": 1}, "bogus"),
         (
             "chat/completions",
             {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_logprobs": 21},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import (
+    MinPLogitsWarper,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -33,6 +34,14 @@ def test_typical_p_equals_transformers_warper(typical_p):
     logits = torch.randn(1, 4096, generator=torch.Generator().manual_seed(1)) * 2
     expected = TypicalLogitsWarper(mass=typical_p)(None, TopPLogitsWarper(0.9)(None, logits / 0.8))
     assert torch.equal(warp(logits[0], 0.8, 0, 0.9, typical_p), expected[0])
+
+
+@pytest.mark.parametrize("min_p", [0.05, 0.3, 1.0])
+def test_min_p_equals_transformers_warper(min_p):
+    """After top-p and before typical-p, as generate() orders them."""
+    logits = torch.randn(1, 4096, generator=torch.Generator().manual_seed(3)) * 3
+    expected = TypicalLogitsWarper(mass=0.9)(None, MinPLogitsWarper(min_p)(None, TopPLogitsWarper(0.95)(None, logits)))
+    assert torch.equal(warp(logits[0], 1.0, 0, 0.95, 0.9, min_p), expected[0])
 
 
 def test_watermark_equals_transformers_processor():

@@ -167,8 +167,8 @@ def _params(get: TensorLookup, vocab_size: int) -> SamplingParams:
         _check("pad_id", pad_id, 0 <= pad_id < vocab_size, f"a token id below {vocab_size}")
 
     temperature, top_k, top_p = read(get, "temperature"), read(get, "runtime_top_k"), read(get, "runtime_top_p")
-    typical_p = read(get, "typical_p")
-    sampled = temperature is not None or top_k is not None or top_p is not None or typical_p < 1.0
+    typical_p, min_p = read(get, "typical_p"), read(get, "min_p")
+    sampled = temperature is not None or top_k is not None or top_p is not None or typical_p < 1.0 or min_p > 0
     return SamplingParams(
         max_tokens=int(max_tokens),
         # As in TensorRT-LLM, a request that sets none of the sampling tensors decodes greedily.
@@ -176,6 +176,7 @@ def _params(get: TensorLookup, vocab_size: int) -> SamplingParams:
         top_k=top_k or 0,
         top_p=1.0 if top_p is None else top_p,
         typical_p=typical_p,
+        min_p=min_p,
         watermark=read(get, "watermark"),
         seed=_either(get, "random_seed", "seed"),
         end_id=int(end_id),

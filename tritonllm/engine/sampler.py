@@ -23,8 +23,11 @@ class Sampled:
     top_logprobs: list[float] | None = None
 
 
-def warp(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, typical_p: float = 1.0) -> torch.Tensor:
-    """Temperature, top-k, top-p, then typical-p, in the order and with the tie rules of transformers' warpers."""
+def warp(
+    logits: torch.Tensor, temperature: float, top_k: int, top_p: float, typical_p: float = 1.0, min_p: float = 0.0
+) -> torch.Tensor:
+    """Temperature, top-k, top-p, min-p, then typical-p, in the order and with the tie rules of transformers'
+    warpers."""
     logits = logits / temperature
     if 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k).values[-1]
@@ -35,6 +38,9 @@ def warp(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, typ
         remove = cumulative <= 1 - top_p
         remove[-1] = False  # always keep the most likely token
         logits = logits.masked_fill(remove.scatter(0, order, remove), float("-inf"))
+    if min_p > 0.0:
+        probs = logits.softmax(-1)
+        logits = logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
     if typical_p < 1.0:
         logits = _typical(logits, typical_p)
     return logits
@@ -84,7 +90,7 @@ def sample_one(raw: torch.Tensor, seq: Sequence, argmax: int | None = None, draf
             row = watermark(row, seq.token_ids[-1])
         token = argmax if row is raw and argmax is not None else int(row.argmax())
     else:
-        row = warp(row, p.temperature, p.top_k, p.top_p, p.typical_p)
+        row = warp(row, p.temperature, p.top_k, p.top_p, p.typical_p, p.min_p)
         if p.watermark:
             row = watermark(row, seq.token_ids[-1])
         probs = row.softmax(-1)

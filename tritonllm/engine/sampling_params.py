@@ -16,6 +16,7 @@ class SamplingParams:
     top_k: int = 0  # 0 means the whole vocabulary
     top_p: float = 1.0
     typical_p: float = 1.0
+    min_p: float = 0.0
     watermark: bool = False  # see sampler.watermark
     seed: int | None = None
     end_id: int = NO_END_ID

@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from . import embeddings_api, generate_api, metrics, openai_api, openapi, responses_api, tokenize_api
-from .errors import APIError, api_error_handler, http_error_handler, validation_error_handler
+from .errors import APIError, IgnoredFieldsHeader, api_error_handler, http_error_handler, validation_error_handler
 from .settings import ShimSettings
 from .triton_client import TritonLLMClient
 
@@ -31,6 +31,7 @@ def create_app(settings: ShimSettings, unavailable: Callable[[], str | None] | N
             await app.state.triton.close()
 
     app = FastAPI(title="tritonllm shim", lifespan=lifespan)
+    app.state.strict_request_fields = settings.strict_request_fields
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)
@@ -38,6 +39,7 @@ def create_app(settings: ShimSettings, unavailable: Callable[[], str | None] | N
         app.add_middleware(WhileUnavailable, reason=unavailable)
     if settings.api_key:
         app.add_middleware(RequireAPIKey, expected=f"Bearer {settings.api_key}".encode())
+    app.add_middleware(IgnoredFieldsHeader)
     metrics.install(app)
     app.include_router(openai_api.build_router(settings))
     app.include_router(embeddings_api.build_router(settings))

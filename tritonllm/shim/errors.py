@@ -1,7 +1,9 @@
-"""OpenAI-style error bodies: {"error": {"message", "type", "param", "code"}}."""
+"""OpenAI-style error bodies: {"error": {"message", "type", "param", "code"}}, and the bodies' parsing."""
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -10,8 +12,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .triton_client import TritonRequestError
+
+log = logging.getLogger(__name__)
 
 _TYPES = {
     400: "invalid_request_error",
@@ -65,14 +70,60 @@ async def validation_error_handler(_: Request, exc: RequestValidationError) -> J
 M = TypeVar("M", bound=BaseModel)
 
 
-def json_body(model: type[M]) -> Callable[[Request], Awaitable[M]]:
-    """A dependency that parses the body as JSON whatever its Content-Type (curl -d sends a form type)."""
+def json_body(model: type[M], open_to_extras: bool = True) -> Callable[[Request], Awaitable[M]]:
+    """A dependency that parses the body as JSON whatever its Content-Type (curl -d sends a form type).
+
+    `open_to_extras`: an OpenAI-style body, where clients (LangChain, LiteLLM) pass fields of other vendors; unless
+    the app is strict (`strict_request_fields`), top-level fields the model does not declare are dropped, logged
+    and named in a `Warning` header (IgnoredFieldsHeader), as vLLM takes them. The model itself forbids extras,
+    so a strict app answers 400 naming the field."""
 
     async def parse(request: Request) -> M:
+        raw = await request.body()
         try:
-            return model.model_validate_json(await request.body())
+            if open_to_extras and not getattr(request.app.state, "strict_request_fields", False):
+                return model.model_validate(_declared_only(model, raw, request))
+            return model.model_validate_json(raw)
         except ValidationError as e:
             raise RequestValidationError(e.errors(include_url=False)) from e
 
     parse.body_model = model  # for /openapi.json (see openapi.py)
     return parse
+
+
+def _declared_only(model: type[BaseModel], raw: bytes, request: Request) -> object:
+    """The JSON body without the top-level fields `model` does not declare; those are logged and kept on the
+    request's state for the Warning header."""
+    try:
+        body = json.loads(raw)
+    except ValueError as e:
+        raise RequestValidationError([{"loc": ("body",), "msg": f"not JSON: {e}", "type": "json_invalid"}]) from e
+    if not isinstance(body, dict):
+        return body
+    declared = {f.alias or name for name, f in model.model_fields.items()} | set(model.model_fields)
+    ignored = sorted(set(body) - declared)
+    if ignored:
+        log.warning("%s %s: ignored fields this server does not know: %s", request.method, request.url.path, ignored)
+        request.state.ignored_fields = ignored
+    return {key: value for key, value in body.items() if key not in ignored}
+
+
+class IgnoredFieldsHeader:
+    """`Warning: 299 tritonllm "ignored fields: a, b"` on answers to bodies whose unknown fields were dropped."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_warning(message: Message) -> None:
+            ignored = scope.get("state", {}).get("ignored_fields")
+            if message["type"] == "http.response.start" and ignored:
+                text = f'299 tritonllm "ignored fields: {", ".join(ignored)}"'
+                message = {**message, "headers": [*message.get("headers", []), (b"warning", text.encode())]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_warning)

@@ -74,7 +74,7 @@ class GenerateRequest(BaseModel):
         return request  # its request id is the shim's own: a client's id could name (and stop) another's request
 
 
-GenerateBody = Annotated[GenerateRequest, Depends(json_body(GenerateRequest))]
+GenerateBody = Annotated[GenerateRequest, Depends(json_body(GenerateRequest, open_to_extras=False))]
 
 
 def build_router(settings: ShimSettings) -> APIRouter:

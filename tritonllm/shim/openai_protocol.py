@@ -11,6 +11,7 @@ from ..request_parameters import INT32_MAX, UINT64_MAX
 from ..tokenizer.tool_calls import ToolCallFormat
 from .errors import APIError
 from .triton_client import GenerationRequest
+from .vllm_fields import VLLMFields
 
 MAX_TEXT_CHARS = 4 * 1024 * 1024  # the specs' limit on a request's text
 MAX_TOOLS = 32
@@ -21,7 +22,7 @@ class StreamOptions(BaseModel):
     include_usage: bool | None = False
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(VLLMFields):
     """What chat and completions share; ranges as the spec pages give them."""
 
     model_config = ConfigDict(extra="forbid")
@@ -84,7 +85,9 @@ class SamplingFields(BaseModel):
         return self.max_tokens
 
     def generation_request(self, default_max_tokens: int, **content: Any) -> GenerationRequest:
+        self.refuse_unhonoured()
         top_k = None if self.top_k is None else (0 if self.top_k == -1 else self.top_k)
+        content.setdefault("guide", self.vendor_guide())
         return GenerationRequest(
             max_tokens=self.output_limit or default_max_tokens,
             # a limit the client set must fit after the prompt (OpenAI's 400); the default stops at the context
@@ -93,10 +96,13 @@ class SamplingFields(BaseModel):
             temperature=1.0 if self.temperature is None else self.temperature,
             top_k=top_k,
             top_p=self.top_p,
+            min_p=self.min_p,
             seed=self.seed,
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
             repetition_penalty=self.repetition_penalty,
+            min_tokens=self.min_tokens or None,
+            priority=self.engine_priority,
             stop_token_ids=self.stop_token_ids or None,
             logit_bias={int(token): bias for token, bias in self.logit_bias.items()} if self.logit_bias else None,
             include_stop_str_in_output=bool(self.include_stop_str_in_output),
@@ -240,6 +246,16 @@ class ChatRequest(SamplingFields):
     def guide(self, tool_format: ToolCallFormat) -> tuple[str, str] | None:
         forced = self.forced_tools()
         fmt = self.response_format
+        vendor = self.vendor_guide()
+        if vendor is not None:
+            if forced is not None or (fmt and fmt.type != "text"):
+                raise APIError(
+                    400,
+                    "a guided_* or structured_outputs constraint cannot be combined with "
+                    "response_format or a forced tool_choice",
+                    "response_format",
+                )
+            return vendor
         if forced is not None:
             if fmt and fmt.type != "text":
                 raise APIError(400, "response_format cannot be combined with a forced tool_choice", "response_format")

@@ -17,5 +17,7 @@ class ShimSettings:
     full_text_enabled: bool = False
     # How the model writes tool calls (tritonllm.tokenizer.tool_calls.FORMATS); `serve` detects it from the model.
     tool_call_parser: str = "json"
+    # a field an OpenAI-style body does not declare: False, dropped with a Warning header (as vLLM); True, a 400
+    strict_request_fields: bool = False
     api_key: str | None = None  # when set, every route but /health needs `Authorization: Bearer <api_key>`
     started: int = field(default_factory=lambda: int(time.time()))

@@ -62,8 +62,10 @@ class GenerationRequest:
     top_k: int | None = None
     top_p: float | None = None
     typical_p: float | None = None
+    min_p: float | None = None
     seed: int | None = None
     repetition_penalty: float | None = None
+    min_tokens: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     watermark: bool | None = None

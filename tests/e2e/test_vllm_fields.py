@@ -1,0 +1,149 @@
+"""The fields vLLM users send beyond OpenAI's (honoured, or a 400 naming them), and fields no one here knows
+(dropped with a Warning header, as vLLM does; a 400 on a shim started with strict_request_fields)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from tritonllm.shim.settings import ShimSettings
+
+from .conftest import MODEL, running_shim
+
+CHAT = [{"role": "user", "content": "Pick one."}]
+# route -> a valid body of it
+BODIES = {
+    "/v1/chat/completions": {"model": MODEL, "messages": CHAT, "max_tokens": 6, "temperature": 0},
+    "/v1/completions": {"model": MODEL, "prompt": "Hello", "max_tokens": 6, "temperature": 0},
+    "/v1/responses": {"model": MODEL, "input": "Hello", "max_output_tokens": 6, "temperature": 0},
+    "/tokenize": {"model": MODEL, "prompt": "Hello"},
+}
+
+
+@pytest.mark.parametrize("route", list(BODIES))
+def test_unknown_fields_are_dropped_and_named_in_a_warning_header(shim_url, route):
+    plain = httpx.post(shim_url + route, json=BODIES[route], timeout=60)
+    extended = httpx.post(shim_url + route, json={**BODIES[route], "bogus": 1, "litellm_x": {"a": 1}}, timeout=60)
+    assert plain.status_code == extended.status_code == 200, extended.text
+    assert extended.headers["warning"] == '299 tritonllm "ignored fields: bogus, litellm_x"'
+    assert "warning" not in plain.headers
+    for key in ("choices", "output", "tokens"):
+        if key in plain.json():
+            assert _texts(extended.json()[key]) == _texts(plain.json()[key])
+
+
+def _texts(items) -> object:
+    if isinstance(items, list) and items and isinstance(items[0], dict):
+        return [item.get("text") or item.get("message") or item.get("content") for item in items]
+    return items
+
+
+def test_a_strict_shim_refuses_unknown_fields(triton):
+    settings = ShimSettings(triton_grpc_url=triton.grpc_url, served_model_name=MODEL, strict_request_fields=True)
+    with running_shim(settings) as url:
+        for route, body in BODIES.items():
+            r = httpx.post(url + route, json={**body, "bogus": 1}, timeout=60)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "bogus", (route, r.text)
+            assert httpx.post(url + route, json=body, timeout=60).status_code == 200
+
+
+def test_generate_stream_keeps_to_its_spec(shim_url):
+    body = {"text_input": "Hi", "parameters": {"max_new_tokens": 2}, "bogus": 1}
+    r = httpx.post(f"{shim_url}/v2/models/{MODEL}/generate", json=body, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "bogus"
+
+
+def test_min_p_one_keeps_only_the_likeliest_token(openai_client):
+    def text(**fields) -> str:
+        return openai_client.completions.create(model=MODEL, prompt="Hello", max_tokens=12, **fields).choices[0].text
+
+    greedy = text(temperature=0)
+    assert text(temperature=1.0, seed=3, extra_body={"min_p": 1.0}) == greedy
+    assert text(temperature=1.0, seed=3) != greedy  # sampling alone wanders off the greedy path
+
+
+def test_min_tokens_holds_the_end_token_back(openai_client, tokenizer):
+    ends_at_once = {"logit_bias": {str(tokenizer.eos_token_id): 100}}
+    plain = openai_client.completions.create(model=MODEL, prompt="Hi", max_tokens=20, temperature=0, **ends_at_once)
+    held = openai_client.completions.create(
+        model=MODEL, prompt="Hi", max_tokens=20, temperature=0, **ends_at_once, extra_body={"min_tokens": 7}
+    )
+    assert plain.usage.completion_tokens <= 1 and plain.choices[0].finish_reason == "stop"
+    assert held.usage.completion_tokens >= 7 and held.choices[0].finish_reason == "stop"
+
+
+CHOICES = ["alpha", "beta gamma", "δέλτα"]
+SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}},  # a bounded value: random weights write endless digits
+    "required": ["ok"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize(
+    ("extra", "holds"),
+    [
+        ({"guided_choice": CHOICES}, lambda text: text in CHOICES),
+        ({"structured_outputs": {"choice": CHOICES}}, lambda text: text in CHOICES),
+        ({"guided_regex": "[0-9]{3}-[a-z]{2}"}, lambda text: re.fullmatch("[0-9]{3}-[a-z]{2}", text)),
+        ({"structured_outputs": {"regex": "(ab)+c"}}, lambda text: re.fullmatch("(ab)+c", text)),
+        ({"guided_json": SCHEMA}, lambda text: jsonschema.validate(json.loads(text), SCHEMA) is None),
+        ({"guided_json": json.dumps(SCHEMA)}, lambda text: jsonschema.validate(json.loads(text), SCHEMA) is None),
+        ({"structured_outputs": {"json": SCHEMA}}, lambda text: jsonschema.validate(json.loads(text), SCHEMA) is None),
+        ({"structured_outputs": {"json_object": True}}, lambda text: isinstance(json.loads(text), dict)),
+        ({"guided_grammar": 'start: "x" /[0-9]/ "y"'}, lambda text: re.fullmatch("x[0-9]y", text)),
+    ],
+)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_guided_fields_constrain_chat_and_completions(openai_client, tokenizer, extra, holds, seed):
+    fields = {"max_tokens": 60, "temperature": 1.0, "seed": seed, "extra_body": extra}
+    if "json_object" in extra.get("structured_outputs", {}):  # any object: random weights write endless keys
+        fields["logit_bias"] = {str(tokenizer.convert_tokens_to_ids(t)): 30 for t in ('"', "}")}
+    chat = openai_client.chat.completions.create(model=MODEL, messages=CHAT, **fields)
+    completion = openai_client.completions.create(model=MODEL, prompt="Answer:", **fields)
+    for text, reason in (
+        (chat.choices[0].message.content, chat.choices[0].finish_reason),
+        (completion.choices[0].text, completion.choices[0].finish_reason),
+    ):
+        assert reason == "stop" and holds(text), text
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"guided_choice": ["a"], "guided_regex": "b"}, "guided_regex"),
+        ({"guided_json": "{not json"}, "guided_json"),
+        ({"guided_choice": []}, "guided_choice"),
+        ({"guided_choice": ["a"], "response_format": {"type": "json_object"}}, "response_format"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"min_tokens": -1}, "min_tokens"),
+        ({"priority": 6}, "priority"),
+        ({"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
+        ({"chat_template": "{{ messages }}"}, "chat_template"),
+        ({"continue_final_message": True}, "continue_final_message"),
+        ({"return_tokens_as_token_ids": True}, "return_tokens_as_token_ids"),
+    ],
+)
+def test_what_is_taken_and_not_done_is_a_400_naming_it(openai_client, extra, param):
+    with pytest.raises(openai.BadRequestError) as info:
+        openai_client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4, extra_body=extra)
+    assert info.value.body["param"].startswith(param), info.value.body
+
+
+@pytest.mark.parametrize("priority", [0, 1, 5])
+def test_priority_and_the_fields_that_change_nothing_here_are_taken(openai_client, priority):
+    plain = openai_client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=8, temperature=0)
+    taken = openai_client.chat.completions.create(
+        model=MODEL,
+        messages=CHAT,
+        max_tokens=8,
+        temperature=0,
+        extra_body={"priority": priority, "spaces_between_special_tokens": False, "chat_template_kwargs": {}},
+    )
+    assert taken.choices[0].message.content == plain.choices[0].message.content
