@@ -19,7 +19,8 @@ def kernels():
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 32, native_linear.NATIVE_ROWS])
-@pytest.mark.parametrize("out_features, in_features", [(96, 64), (37, 576), (200, 19), (5, 1536)])
+# (2003, 64): threads take a series of shrinking chunks of weight rows, then a tail
+@pytest.mark.parametrize("out_features, in_features", [(96, 64), (37, 576), (200, 19), (5, 1536), (2003, 64)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_the_kernel_equals_f_linear(kernels, rows, out_features, in_features, with_bias):
     generator = torch.Generator().manual_seed(rows * 1000 + out_features)

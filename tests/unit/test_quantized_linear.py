@@ -47,8 +47,9 @@ def test_other_formats_are_not_taken():
 
 @pytest.mark.parametrize("kind", FORMATS)
 @pytest.mark.parametrize("rows", [1, 3, 4, 8, 13, 32, quantized_linear.GEMM_ROWS + 5])
-def test_the_layer_equals_a_float32_linear_over_the_dequantized_weight(kind, rows):
-    blocks, reference = quantized(kind)
+@pytest.mark.parametrize("out_features", [96, 1003])  # 1003: threads take a series of shrinking chunks, then a tail
+def test_the_layer_equals_a_float32_linear_over_the_dequantized_weight(kind, rows, out_features):
+    blocks, reference = quantized(kind, out_features)
     bias = torch.randn(blocks.shape[0])
     layer = QuantizedLinear(blocks, bias)
     x = torch.randn(2, rows, blocks.shape[1])  # leading dimensions are kept

@@ -6,15 +6,16 @@
 //
 // A tile is ROWS input rows by COLS weight rows: ROWS * COLS accumulators, each weight vector loaded once and
 // used ROWS times, each input vector loaded once and used COLS times. Threads take chunks of weight rows from a
-// shared counter, so one that the OS preempts does not hold up the rest.
+// shared counter, in guided chunks (weight_rows.h), so one that the OS preempts does not hold up the rest.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
+
+#include "weight_rows.h"
 
 namespace {
 
@@ -99,24 +100,19 @@ torch::Tensor dense_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor 
   float* op = out.data_ptr<float>();
   // One input row: 8 weight rows a tile (8 streams of FMAs in flight); more rows: 4 or 2, each reused by them.
   const int64_t cols = rows == 1 ? 8 : 4;
-  constexpr int64_t kChunk = 32;  // weight rows a thread takes at a time: a multiple of every `cols`
-  const int64_t chunks = (n_total + kChunk - 1) / kChunk;
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), chunks), 1, [&](int64_t, int64_t) {
-    for (int64_t c = next++; c < chunks; c = next++) {
-      const int64_t end = std::min(n_total, (c + 1) * kChunk);
-      int64_t n = c * kChunk;
-      for (; n + cols <= end; n += cols) {
-        const float* w = wp + n * k;
-        if (cols == 8) rows_times<8>(xp, rows, w, k, op + n, n_total);
-        else if (cols == 4) rows_times<4>(xp, rows, w, k, op + n, n_total);
-        else rows_times<2>(xp, rows, w, k, op + n, n_total);
-      }
-      for (; n < end; ++n) rows_times<1>(xp, rows, wp + n * k, k, op + n, n_total);
-      if (bp)
-        for (int64_t m = 0; m < rows; ++m)
-          for (int64_t j = c * kChunk; j < end; ++j) op[m * n_total + j] += bp[j];
+  constexpr int64_t kChunk = 32;  // the fewest weight rows a thread takes at a time: a multiple of every `cols`
+  weight_rows::guided_chunks(n_total, kChunk, INT64_MAX, [&](int64_t first, int64_t end) {
+    int64_t n = first;
+    for (; n + cols <= end; n += cols) {
+      const float* w = wp + n * k;
+      if (cols == 8) rows_times<8>(xp, rows, w, k, op + n, n_total);
+      else if (cols == 4) rows_times<4>(xp, rows, w, k, op + n, n_total);
+      else rows_times<2>(xp, rows, w, k, op + n, n_total);
     }
+    for (; n < end; ++n) rows_times<1>(xp, rows, wp + n * k, k, op + n, n_total);
+    if (bp)
+      for (int64_t m = 0; m < rows; ++m)
+        for (int64_t j = first; j < end; ++j) op[m * n_total + j] += bp[j];
   });
   return out;
 }

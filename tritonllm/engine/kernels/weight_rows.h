@@ -52,16 +52,34 @@ struct BlockWeight {
   Row row(int64_t n) const { return {bytes + n * row_bytes, scales + n * blocks, mins ? mins + n * blocks : nullptr}; }
 };
 
-// Calls f(first, last) for chunks of the weight's rows [first, last) that cover them all, on every thread. Threads
-// take chunks from a shared counter, so one that the OS preempts does not hold up the rest.
+// Calls f(first, last) on every thread for chunks of rows [0, count) that cover them all. Threads take chunks from
+// a shared counter, so one that the OS preempts does not hold up the rest. The chunks start large, a share of
+// what is left, and shrink to `smallest` rows (OpenMP's guided schedule): each thread reads long runs of
+// consecutive rows, which the memory prefetchers follow, and the last chunks are small enough to even out the
+// threads' finish. (Fixed chunks of 16 Q4_1 rows of 576 values streamed 8.7 GB/s on a 2-core AMD EPYC, guided
+// ones 15.2 GB/s, of the 25 GB/s that machine reads.) `largest` bounds a chunk for callers that buffer one.
 template <typename F>
-void for_each_chunk(const BlockWeight& weight, const F& f) {
-  constexpr int64_t kChunk = 16;
-  const int64_t count = weight.out_features, chunks = (count + kChunk - 1) / kChunk;
+void guided_chunks(int64_t count, int64_t smallest, int64_t largest, const F& f) {
+  const int64_t threads = at::get_num_threads();
   std::atomic<int64_t> next{0};
-  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    for (int64_t c = next++; c < chunks; c = next++) f(c * kChunk, std::min(count, (c + 1) * kChunk));
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    int64_t first = next.load(std::memory_order_relaxed);
+    while (first < count) {
+      int64_t size = std::clamp((count - first) / (2 * threads), smallest, largest);
+      size = (size + smallest - 1) / smallest * smallest;
+      if (next.compare_exchange_weak(first, first + size, std::memory_order_relaxed)) {
+        f(first, std::min(count, first + size));
+        first = next.load(std::memory_order_relaxed);
+      }
+    }
   });
+}
+
+// The weight's rows in guided chunks of at least 16 (at most `largest`).
+template <typename F>
+void for_each_chunk(const BlockWeight& weight, const F& f, int64_t largest = INT64_MAX) {
+  constexpr int64_t kSmallest = 16;
+  guided_chunks(weight.out_features, kSmallest, std::max(largest, kSmallest), f);
 }
 
 // Calls f(n, row n) for every row of the weight, chunk by chunk as for_each_chunk hands them out.
