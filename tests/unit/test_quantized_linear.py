@@ -95,6 +95,11 @@ def test_the_q4_1_model_keeps_every_layer_quantized_and_decodes_as_generate(smol
     # 7 per layer in 30 layers (Q4_1) and the output layer, tied to the embedding (Q8_0)
     assert engine.runner.quantized_layers == 211 and not linears
     assert engine.runner.decoder_stack is not None  # decode steps run the native stack over the blocks
+    stack = engine.runner.decoder_stack.stack  # q/k/v and gate/up: one projection each, the weights held once
+    assert all(len(qkv) == len(gate_up) == 1 for qkv, gate_up in zip(stack.qkv, stack.gate_up, strict=True))
+    attention = engine.runner.model.model.layers[0].self_attn
+    q, k = (getattr(p, "base", p) for p in (attention.q_proj, attention.k_proj))  # under their LoRA wrappers
+    assert k.qweight.untyped_storage().data_ptr() == q.qweight.untyped_storage().data_ptr()
     # no float32 table beside the blocks: the input embedding reads the tied output layer's Q8_0 blocks
     embedding, output = engine.runner.model.get_input_embeddings(), engine.runner.model.get_output_embeddings()
     assert isinstance(embedding, QuantizedEmbedding) and embedding.qweight.data_ptr() == output.qweight.data_ptr()

@@ -21,7 +21,7 @@ import logging
 
 import torch
 
-from . import cpu_kernels
+from . import cpu_kernels, quantized_linear
 from .fused_projections import SiblingLinear
 from .lora import LoraLinear
 from .native_linear import NATIVE_ROWS, NativeLinear
@@ -117,9 +117,13 @@ class _Unwrapped:
 
 
 def _side_by_side(*siblings: torch.nn.Module) -> list:
-    """The projections whose outputs the stack puts side by side: the fused layer, where there is one."""
+    """The projections whose outputs the stack puts side by side: one fused layer where they can be one."""
     if type(siblings[0]) is SiblingLinear:
         return [_projection(siblings[0].fused.layer)]
+    if all(type(s) is QuantizedLinear for s in siblings):
+        joined = quantized_linear.side_by_side(list(siblings))
+        if joined is not None:
+            return [_projection(joined)]
     return [_projection(s) for s in siblings]
 
 

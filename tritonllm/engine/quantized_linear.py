@@ -117,6 +117,35 @@ class QuantizedLinear(torch.nn.Module):
         return out.view(*x.shape[:-1], self.out_features)
 
 
+def side_by_side(layers: list[QuantizedLinear]) -> QuantizedLinear | None:
+    """One layer whose output rows are the given layers' in order (a block's q/k/v or gate/up), so that a step
+    makes one call and one pass over the input for them; None when they differ in format, input or bias. Each
+    output row is computed as its own layer computes it. The layers keep working: their buffers become views of
+    the joined rows, so the weights are held once."""
+    first = layers[0]
+    kinds = {(q.bits, q.in_features, q.int8_activations, q.bias is None, q.mins.numel() == 0) for q in layers}
+    if len(kinds) != 1:
+        return None
+    weight = BlockQuantized(
+        torch.cat([q.qweight for q in layers]),
+        torch.cat([q.scales for q in layers]),
+        torch.cat([q.mins for q in layers]) if first.mins.numel() else first.mins,
+        first.bits,
+    )
+    bias = None if first.bias is None else torch.cat([q.bias for q in layers])
+    joined = QuantizedLinear(weight, bias, first.int8_activations)
+    start = 0
+    for q in layers:
+        rows = slice(start, start + q.out_features)
+        q.qweight, q.scales = joined.qweight[rows], joined.scales[rows]
+        if q.mins.numel():
+            q.mins = joined.mins[rows]
+        if q.bias is not None:
+            q.bias = joined.bias[rows]
+        start = rows.stop
+    return joined
+
+
 class QuantizedEmbedding(torch.nn.Module):
     """An input embedding kept in its GGUF blocks (shared with a tied output layer's): a step dequantizes only
     the rows of its tokens, exactly as the whole table would dequantize."""
