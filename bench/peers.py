@@ -489,20 +489,21 @@ def write_report(sections: dict[str, dict[str, list[Result]]], agreement: dict[s
             peer = max(rs[: peers[weights]], key=lambda r: r.tokens_per_s)
             ratios = ", ".join(f"{r.case}: {r.tokens_per_s / peer.tokens_per_s:.2f}" for r in rs[peers[weights] :])
             lines += ["", f"Ratios to the faster peer ({peer.case}): {ratios}", ""]
-    lines += [
-        "## Q4_1: greedy agreement with the dequantized model",
-        "",
-        "20 prompts, 32 greedy tokens each, against transformers' generate() on the float32 model dequantized from",
-        "the same file (the default model's weights).",
-        "",
-        "| server | identical completions | share of the text before the first difference |",
-        "|---|---|---|",
-        *(
-            f"| {case} | {a['identical']}/{a['prompts']} | {a['matching_leading_text']:.1%} |"
-            for case, a in agreement.items()
-        ),
-        "",
-    ]
+    if agreement:
+        lines += [
+            "## Q4_1: greedy agreement with the dequantized model",
+            "",
+            "20 prompts, 32 greedy tokens each, against transformers' generate() on the float32 model dequantized from",
+            "the same file (the default model's weights).",
+            "",
+            "| server | identical completions | share of the text before the first difference |",
+            "|---|---|---|",
+            *(
+                f"| {case} | {a['identical']}/{a['prompts']} | {a['matching_leading_text']:.1%} |"
+                for case, a in agreement.items()
+            ),
+            "",
+        ]
     lines += [
         "## Start: seconds from launch to a healthy answer",
         "",
