@@ -6,7 +6,7 @@ CLI := $(VENV)/bin/tritonllm
 MODELS ?= models
 PYTEST_ARGS ?=
 
-.PHONY: install kernels clients system-deps model serve test test-slow test-instances bench bench-peers bench-footprint lint configs perf-analyzer clean
+.PHONY: install kernels clients system-deps model serve test test-slow test-instances bench bench-peers bench-speculation bench-footprint lint configs perf-analyzer clean
 
 install: $(VENV)/.installed
 
@@ -95,6 +95,12 @@ bench-peers: install kernels $(MODELS)/$(DEFAULT_MODEL)/config.json
 	command -v cmake >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++)
 	$(PIP) install -q -c constraints.txt -e '.[test,bench]'
 	$(PY) bench/peers.py $(PEERS_ARGS)
+
+# C1 with n-gram speculation beside llama.cpp's (bench/results/speculation.md)
+bench-speculation: install kernels $(MODELS)/$(DEFAULT_MODEL)/config.json
+	command -v cmake >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++)
+	$(PIP) install -q -c constraints.txt -e '.[test,bench]'
+	$(PY) bench/speculation.py
 
 # The whole server's memory beside llama.cpp's and vLLM's, at the same KV capacity (bench/footprint.py).
 bench-footprint: install kernels $(MODELS)/$(DEFAULT_MODEL)/config.json

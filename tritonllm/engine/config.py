@@ -62,6 +62,14 @@ class EngineConfig:
     lora_cache_size: int = setting(8, "LoRA adapters kept by task id, least recently used out first (0: no LoRA)")
     max_queue_size: int = setting(256, "requests waiting beyond this are refused at once as overloaded (0: no limit)")
     stream_interval: int = setting(1, "a streaming request gets a response every N new tokens")
+    speculative: str = setting(
+        "none",
+        "drafts verified in each decode step: none, or ngram (the tokens that followed the latest earlier "
+        "occurrence of the sequence's last n tokens, in its prompt or output; greedy output stays the same)",
+    )
+    num_speculative_tokens: int = setting(4, "draft tokens a sequence's decode step verifies at most (speculative)")
+    prompt_lookup_min: int = setting(2, "shortest n-gram the ngram drafter matches")
+    prompt_lookup_max: int = setting(4, "longest n-gram the ngram drafter matches (tried first)")
     engine_nice: int = setting(
         -10, "nice value of the engine thread and its workers (below 0 needs CAP_SYS_NICE; without it, ignored)"
     )
@@ -80,6 +88,10 @@ class EngineConfig:
             "lora_cache_size": self.lora_cache_size >= 0,
             "max_queue_size": self.max_queue_size >= 0,
             "stream_interval": self.stream_interval >= 1,
+            "speculative": self.speculative in ("none", "ngram"),
+            "num_speculative_tokens": self.num_speculative_tokens >= 1,
+            "prompt_lookup_min": self.prompt_lookup_min >= 1,
+            "prompt_lookup_max": self.prompt_lookup_max >= self.prompt_lookup_min,
             "engine_nice": -20 <= self.engine_nice <= 19,
         }
         for name, ok in checks.items():

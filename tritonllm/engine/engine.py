@@ -15,9 +15,10 @@ from .block_manager import BlockManager
 from .config import DTYPE_BYTES, EngineConfig
 from .logits_processors import ends_with_any, ends_with_stop_word
 from .model_runner import ModelRunner, ModelShape, resolve_device, resolve_dtype_name
+from .ngram_drafter import NgramDrafter
 from .paged_attention import KVCache
 from .sampler import Sampled, sample_one
-from .scheduler import ScheduledChunk, Scheduler
+from .scheduler import ScheduledChunk, Scheduler, decoding
 from .sequence import FinishReason, Sequence
 from .stats import EngineStats
 from .step_cost import StepCost
@@ -60,6 +61,11 @@ class LLMEngine:
         self.step_cost = StepCost(slowdown=config.prefill_slowdown)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens, self.step_cost)
         self.stats = EngineStats()
+        self.drafter = (
+            NgramDrafter(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
+            if config.speculative == "ngram"
+            else None
+        )
 
     @property
     def max_model_len(self) -> int:
@@ -114,6 +120,8 @@ class LLMEngine:
 
     def step(self) -> list[StepOutput]:
         started = time.perf_counter()
+        if self.drafter is not None:
+            self._draft()
         chunks, ended = self.scheduler.schedule()
         outputs = [StepOutput(seq, [], self.last_batch_size) for seq in self._end_searches(ended)]
         if not chunks:
@@ -122,6 +130,26 @@ class LLMEngine:
         outputs += self._run(chunks)
         self.step_cost.observe(sum(c.num_fed for c in chunks), time.perf_counter() - started)
         return outputs
+
+    def _draft(self) -> None:
+        """Drafts for the decoding sequences that can take them. Not for beam search or grammars (one token
+        at a time), nor for a request that brought drafts of its own (it is told how many of those were kept)."""
+        running = self.scheduler.running
+        measured = self.step_cost.token_share(len(running))
+        for seq in running:
+            if seq.draft_tokens or seq.drafts_from_request or seq.beam or seq.grammar or not decoding(seq):
+                continue
+            # drafts never run past the request's max_tokens, the model's context or a step's token budget
+            room = min(
+                seq.params.max_tokens - seq.num_output_tokens - 1,
+                self.max_model_len - len(seq.token_ids) - 1,
+                self.scheduler.max_num_batched_tokens - 1,
+            )
+            if room > 0:
+                # A sampled sequence's draws depend on its drafts, so they may depend on nothing but the sequence
+                # itself (its seed makes it reproducible in any batch): not on the measured step times.
+                share = measured if seq.params.greedy else None
+                seq.draft_tokens = self.drafter.draft(seq, room, share)
 
     def _run(self, chunks: list[ScheduledChunk]) -> list[StepOutput]:
         """The forward pass of the step's chunks, then each sampling chunk's next token (or beam step)."""
@@ -213,6 +241,11 @@ class LLMEngine:
             seq.num_computed += 1  # the draft's K/V, computed in this pass, now belongs to the sequence
         if drafts:
             seq.draft_tokens, seq.draft_logits = [], None
+            self.stats.verifications += 1
+            self.stats.draft_tokens += len(drafts)
+            self.stats.accepted_draft_tokens += seq.accepted_drafts
+            if self.drafter is not None and not seq.drafts_from_request:
+                self.drafter.verified(seq, len(drafts), seq.accepted_drafts)
         return new
 
     def _count_step(self, chunks: list[ScheduledChunk]) -> None:

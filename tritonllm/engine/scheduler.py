@@ -98,7 +98,7 @@ class Scheduler:
         ended = self._expire()
         self._preempt_for_priority()
         budget = self.max_num_batched_tokens
-        decodes = sum(1 for s in self.running if _decoding(s))
+        decodes = sum(1 for s in self.running if decoding(s))
         allowance = self.step_cost.prefill_allowance(decodes) if self.step_cost is not None else None
         prefill_budget = budget if allowance is None else allowance
         chunks: list[ScheduledChunk] = []
@@ -109,8 +109,8 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted while making room for a better-ranked sequence
-            decoding = _decoding(seq)
-            chunk = self._plan(seq, seq.num_computed, budget if decoding else min(budget, prefill_budget))
+            decodes_now = decoding(seq)
+            chunk = self._plan(seq, seq.num_computed, budget if decodes_now else min(budget, prefill_budget))
             if chunk is None:
                 continue
             if not self._make_room(seq, seq.num_computed + chunk.num_fed):
@@ -122,7 +122,7 @@ class Scheduler:
             self.blocks.grow(seq, seq.num_computed + chunk.num_fed)
             chunks.append(chunk)
             budget -= chunk.num_fed
-            if not decoding:
+            if not decodes_now:
                 prefill_budget -= chunk.num_tokens
 
         for seq in [s for s in self.waiting if s.ready]:
@@ -178,11 +178,15 @@ class Scheduler:
     def _plan(seq: Sequence, start: int, budget: int) -> ScheduledChunk | None:
         """The next chunk of `seq` from `start`; pending draft tokens ride along only on the chunk that samples.
 
-        A chunk that would sample but has no room for the drafts stops one token short, so that the drafts are
-        still verified right after the tokens they continue. None when nothing fits this step.
+        A chunk that would sample but has no room for its drafts stops one token short, so that the drafts are
+        still verified right after the tokens they continue. The engine's own drafts for a greedy sequence are cut
+        to fit instead: its output does not depend on them, where a sampled sequence's random draws do.
+        None when nothing fits this step.
         """
         remaining = len(seq.token_ids) - start
         drafts = seq.draft_tokens
+        if seq.params.greedy and not seq.drafts_from_request:
+            drafts = drafts[: max(0, budget - remaining)]  # the engine's own guesses: as many as fit
         if drafts and remaining + len(drafts) <= budget:
             return ScheduledChunk(seq, remaining, list(drafts))
         n = min(remaining, budget)
@@ -218,6 +222,6 @@ class Scheduler:
         self.num_preemptions += 1
 
 
-def _decoding(seq: Sequence) -> bool:
+def decoding(seq: Sequence) -> bool:
     """Whether the sequence's next chunk is one token after its last sampled one (drafts may ride along)."""
     return seq.status is SequenceStatus.RUNNING and seq.num_computed == len(seq.token_ids) - 1

@@ -80,6 +80,7 @@ class Sequence:
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_ids)
+        self.drafts_from_request = bool(self.draft_tokens)  # the engine drafts no more for it
 
     def random_stream(self, device: torch.device) -> torch.Generator:
         """This sequence's own random stream, on the device its logits are on: its samples do not depend on what

@@ -12,6 +12,10 @@ class EngineStats:
     steps: int = 0
     last_step_tokens: int = 0
     last_batch_size: int = 0
+    # Speculative decoding: draft tokens verified, how many of them were kept, and in how many verifications.
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
+    verifications: int = 0
     # Seconds, gathered since the last drain.
     time_to_first_token: list[float] = field(default_factory=list)
     inter_token_latency: list[float] = field(default_factory=list)

@@ -53,3 +53,10 @@ class StepCost:
             return None
         fixed, per_token = self._line
         return max(self.min_prefill, round((self.slowdown - 1.0) * (fixed / per_token + decodes)))
+
+    def token_share(self, tokens: int) -> float | None:
+        """What one more token adds to a step of `tokens` tokens, as a share of that step; None: not learned yet."""
+        if self._line is None:
+            return None
+        fixed, per_token = self._line
+        return per_token / (fixed + per_token * tokens)

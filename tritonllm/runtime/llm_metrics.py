@@ -49,6 +49,10 @@ class EngineMetrics:
         "prefix_cache_hit_tokens_total": "Prompt tokens served from the prefix cache",
         "prefix_cache_queried_tokens_total": "Prompt tokens looked up in the prefix cache",
         "engine_steps_total": "Engine steps run",
+        "spec_decode_draft_tokens_total": "Draft tokens verified (speculative decoding)",
+        "spec_decode_accepted_tokens_total": "Draft tokens kept (the acceptance rate: kept / verified)",
+        "spec_decode_verifications_total": "Decode steps of a sequence that verified drafts (tokens per such step: "
+        "(kept + verifications) / verifications)",
     }
     HISTOGRAMS = {
         "time_to_first_token_seconds": (
@@ -110,6 +114,9 @@ class EngineMetrics:
             "prefix_cache_hit_tokens_total": blocks.prefix_hit_tokens,
             "prefix_cache_queried_tokens_total": blocks.prefix_queried_tokens,
             "engine_steps_total": stats.steps,
+            "spec_decode_draft_tokens_total": stats.draft_tokens,
+            "spec_decode_accepted_tokens_total": stats.accepted_draft_tokens,
+            "spec_decode_verifications_total": stats.verifications,
         }
         latencies = dict(zip(self.HISTOGRAMS, stats.drain(), strict=True))
         self._queue.put(StepReading(gauges, totals, latencies))

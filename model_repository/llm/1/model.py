@@ -50,7 +50,8 @@ class TritonPythonModel:
             f"{args['model_instance_name']}: KV cache of {blocks.num_blocks * blocks.block_size} tokens "
             f"({blocks.num_blocks} blocks of {blocks.block_size}), {self.engine.kv_cache_bytes / 2**20:.0f} MiB; "
             f"{runner.quantized_layers} linear layers on GGUF blocks; "
-            f"decode steps on the {'native decoder stack' if runner.decoder_stack else 'modules'}"
+            f"decode steps on the {'native decoder stack' if runner.decoder_stack else 'modules'}; "
+            f"speculative decoding: {config.speculative}"
         )
         self.grammars = GrammarCompiler(load_tokenizer(model_dir))
         self.hidden_size = self.engine.runner.model.config.hidden_size
