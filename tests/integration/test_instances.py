@@ -57,23 +57,23 @@ def test_stops_reach_the_instance_running_each_generation(triton, stream):
     """Eight generations on two engines; each stop goes to whichever instance Triton picks."""
     cancelled = 'reason="cancelled"'
     assert wait_for(lambda: metric(triton, "tritonllm_requests_running") == 0)  # no gauge left from before
-    before = metric(triton, "tritonllm_requests_finished_total", cancelled)
+    before = dict(metric_series(triton, "tritonllm_requests_finished_total", cancelled))
     streams = []
     for i in range(8):
         s = stream()
-        s.send("llm", llm_inputs([5 + i, 6, 7, 8], 1900, streaming=False), request_id=f"spread-{i}")
+        s.send("llm", llm_inputs([5 + i, 6, 7, 8], 1900), request_id=f"spread-{i}")
         streams.append(s)
-    assert wait_for(lambda: metric(triton, "tritonllm_requests_running") == 8, timeout=30)
-    assert len(instances_with(triton, "tritonllm_requests_running")) == INSTANCES
-    # all eight stops down one stream at once: each generation must still be running when its stop arrives, and
-    # on a fast machine the tiny model's 1900 tokens take only seconds
-    stopper = stream()
+    for s in streams:  # each has its first token: it runs, and 1899 more take the tiny model a second or more
+        assert not s.next().as_numpy("finish_reason").item()
+    stopper = stream()  # all eight stops down one stream at once, right away
     for i in range(8):
         stopper.send("llm", [tensor("stop", [[True]], "BOOL")], request_id=f"spread-{i}")
     for s in streams:
         last = s.until_final()[-1]
         assert last.as_numpy("finish_reason").item() == b"cancelled"
-    assert wait_for(lambda: metric(triton, "tritonllm_requests_finished_total", cancelled) == before + 8)
+    assert wait_for(lambda: metric(triton, "tritonllm_requests_finished_total", cancelled) == sum(before.values()) + 8)
+    after = dict(metric_series(triton, "tritonllm_requests_finished_total", cancelled))
+    assert all(after[instance] > before.get(instance, 0) for instance in after) and len(after) == INSTANCES
     for instance, _ in metric_series(triton, "tritonllm_kv_blocks_used"):
         assert wait_for(lambda i=instance: metric(triton, "tritonllm_kv_blocks_used", instance=i) == 0)
 
