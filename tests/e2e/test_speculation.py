@@ -1,19 +1,21 @@
-"""`serve --speculative ngram` on the default model's Q4_1 file, through the real tritonserver and the openai SDK:
-a code edit answered exactly as transformers' generate() answers it, streamed and whole, with drafts kept (the
-llm's spec_decode metrics)."""
+"""Speculative decoding through the real tritonserver and the openai SDK: `serve --speculative ngram` on the
+default model's Q4_1 file answers a code edit exactly as transformers' generate() does, streamed and whole, with
+drafts kept (the llm's spec_decode metrics); OpenAI's Predicted Outputs on the tiny model give the same answer
+with the prediction's tokens counted in usage."""
 
 from __future__ import annotations
 
 import types
 
 import openai
+import pytest
 import transformers
 from oracles import greedy_text
 from triton_helpers import metric
 
 from tritonllm.runtime import gguf
 
-from .conftest import running_serve
+from .conftest import MODEL, running_serve
 
 CODE = (
     "def area(width, height):\n    return width * height\n\n\n"
@@ -43,3 +45,36 @@ def test_ngram_speculation_answers_as_generate_with_drafts_kept(smollm2_gguf, tm
     assert whole.choices[0].message.content == streamed == expected
     assert 0 < kept <= verified
     assert "speculative decoding: ngram" in log
+
+
+def test_a_prediction_gives_the_same_answer_and_reports_its_tokens(openai_client, tokenizer):
+    messages = [{"role": "user", "content": "Write a list"}]
+    ask = {"model": MODEL, "messages": messages, "max_tokens": 40, "temperature": 0}
+    plain = openai_client.chat.completions.create(**ask).choices[0].message.content
+    predicted = openai_client.chat.completions.create(**ask, prediction={"type": "content", "content": plain})
+    chunks = openai_client.chat.completions.create(
+        **ask, prediction={"type": "content", "content": [{"type": "text", "text": plain}]}, stream=True
+    )
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert predicted.choices[0].message.content == streamed == plain
+    details = predicted.usage.completion_tokens_details
+    predicted_tokens = len(tokenizer.encode(plain, add_special_tokens=False))
+    assert details.accepted_prediction_tokens > predicted_tokens // 2
+    assert details.accepted_prediction_tokens + details.rejected_prediction_tokens == predicted_tokens
+    wrong = openai_client.chat.completions.create(**ask, prediction={"type": "content", "content": "x y z " * 10})
+    assert wrong.choices[0].message.content == plain
+    assert openai_client.chat.completions.create(**ask).usage.completion_tokens_details is None
+
+
+@pytest.mark.parametrize(
+    ("prediction", "field"),
+    [
+        ({"type": "file", "content": "x"}, "prediction"),
+        ({"type": "content", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}, "prediction.content.0"),
+    ],
+)
+def test_a_prediction_that_is_not_text_is_a_400_naming_it(openai_client, prediction, field):
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    with pytest.raises(openai.BadRequestError) as info:
+        openai_client.chat.completions.create(**ask, prediction=prediction)
+    assert info.value.body["param"].startswith(field)

@@ -193,3 +193,41 @@ def test_a_sampled_sequence_waits_for_room_for_its_drafts_where_a_greedy_one_cut
     assert Scheduler._plan(decoding_with_drafts(SamplingParams()), 2, budget=3).drafts == [4, 5]
     # a sampled sequence's draws depend on its drafts: cut by the batch's budget, they would depend on the batch
     assert Scheduler._plan(decoding_with_drafts(SamplingParams(temperature=1.0)), 2, budget=3) is None
+
+
+def test_a_prediction_is_drafted_from_while_the_output_follows_it_and_after_it_rejoins():
+    drafter = NgramDrafter(num_tokens=4, min_n=2, max_n=3)
+    prediction = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
+    seq = Sequence([1, 2, 3], SamplingParams(), prediction=prediction)
+    seq.token_ids += [10]
+    cheap = 0.1  # one more row's share of a step
+    assert drafter.draft(seq, room=8, row_share=cheap) == [11, 12, 13, 14]  # a prediction is trusted from the start
+    seq.token_ids += [11, 12, 99]  # an edit
+    assert drafter.draft(seq, room=8, row_share=cheap) == []  # (12, 99) is in no prediction
+    seq.token_ids += [14, 15]  # back on the prediction's text
+    assert drafter.draft(seq, room=8, row_share=cheap) == [16, 17, 18, 19]
+
+
+@pytest.mark.parametrize("edit", [False, True])
+def test_greedy_with_a_prediction_equals_generate_in_fewer_steps(tiny_model_dir, hf_model, edit):
+    prompt = random_prompts(1, seed=72)[0]
+    expected = reference(hf_model, prompt, 40)
+    prediction = list(expected)
+    if edit:  # a token changed in the middle: drafts stop there, and pick up after it
+        prediction[20] = (prediction[20] + 1) % 4096
+    engine = make_engine(tiny_model_dir)  # speculative=none: a prediction is drafted from all the same
+    seq = Sequence(prompt, SamplingParams(max_tokens=40), prediction=prediction)
+    steps = run(engine, [seq])
+    assert seq.output_ids == expected
+    assert seq.accepted_prediction_tokens >= (22 if edit else 28), seq.accepted_prediction_tokens
+    assert seq.rejected_prediction_tokens == 40 - seq.accepted_prediction_tokens
+    assert steps <= 20, steps
+    assert engine.blocks.num_free == engine.blocks.num_blocks
+
+
+def test_a_wrong_prediction_changes_nothing_but_the_counts(tiny_model_dir, hf_model):
+    prompt = random_prompts(1, seed=73)[0]
+    seq = Sequence(prompt, SamplingParams(max_tokens=24), prediction=list(range(100, 140)))
+    run(make_engine(tiny_model_dir), [seq])
+    assert seq.output_ids == reference(hf_model, prompt, 24)
+    assert seq.accepted_prediction_tokens == 0 and seq.rejected_prediction_tokens == 40

@@ -18,6 +18,8 @@ def named(reason: bytes, lengths: list[int]) -> dict[str, np.ndarray]:
         "sequence_index": np.array([[3]], dtype=np.int32),
         "stop_token": np.array([[-1]], dtype=np.int32),
         "skip_special_tokens": np.array([[False]]),
+        "accepted_prediction_tokens": np.array([[12]], dtype=np.int32),
+        "rejected_prediction_tokens": np.array([[5]], dtype=np.int32),
         "sequence_length": np.array([lengths], dtype=np.int32),
         "output_ids": np.zeros((1, len(lengths), 5), dtype=np.int32),  # not carried
     }

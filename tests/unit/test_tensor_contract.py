@@ -57,6 +57,7 @@ def every_field_set() -> GenerationRequest:
         ignore_eos=True,
         use_raw_prompt=True,
         truncate_prompt=True,
+        prediction="x",
         num_samples=2,
         beam_width=2,
         logprobs=True,

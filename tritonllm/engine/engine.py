@@ -61,11 +61,9 @@ class LLMEngine:
         self.step_cost = StepCost(slowdown=config.prefill_slowdown)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens, self.step_cost)
         self.stats = EngineStats()
-        self.drafter = (
-            NgramDrafter(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
-            if config.speculative == "ngram"
-            else None
-        )
+        # Drafts for every sequence with speculative=ngram; else only for those that bring a prediction.
+        self.drafter = NgramDrafter(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
+        self.speculate_all = config.speculative == "ngram"
 
     @property
     def max_model_len(self) -> int:
@@ -120,8 +118,7 @@ class LLMEngine:
 
     def step(self) -> list[StepOutput]:
         started = time.perf_counter()
-        if self.drafter is not None:
-            self._draft()
+        self._draft()
         chunks, ended = self.scheduler.schedule()
         outputs = [StepOutput(seq, [], self.last_batch_size) for seq in self._end_searches(ended)]
         if not chunks:
@@ -137,6 +134,8 @@ class LLMEngine:
         running = self.scheduler.running
         measured = self.step_cost.token_share(len(running))
         for seq in running:
+            if not (self.speculate_all or seq.prediction):
+                continue
             if seq.draft_tokens or seq.drafts_from_request or seq.beam or seq.grammar or not decoding(seq):
                 continue
             # drafts never run past the request's max_tokens, the model's context or a step's token budget
@@ -244,8 +243,10 @@ class LLMEngine:
             self.stats.verifications += 1
             self.stats.draft_tokens += len(drafts)
             self.stats.accepted_draft_tokens += seq.accepted_drafts
-            if self.drafter is not None and not seq.drafts_from_request:
+            if not seq.drafts_from_request:
                 self.drafter.verified(seq, len(drafts), seq.accepted_drafts)
+                if seq.prediction:
+                    seq.accepted_prediction_tokens += seq.accepted_drafts
         return new
 
     def _count_step(self, chunks: list[ScheduledChunk]) -> None:

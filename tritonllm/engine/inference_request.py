@@ -34,6 +34,7 @@ class ParsedRequest:
     include_stop_words: bool  # false: a final stop word's tokens are left out of the response
     skip_special_tokens: bool  # handed on to the detokenizer
     stream_interval: int | None  # new tokens per streamed response; None: the model's stream_interval
+    prediction: list[int]  # Predicted Outputs: ids the answer is expected to repeat, drafted from
 
 
 def is_stop_request(get: TensorLookup) -> bool:
@@ -65,7 +66,17 @@ def parse(get: TensorLookup, vocab_size: int, triton_timeout_us: int = 0, hidden
         read(get, "include_stop_words_in_output"),
         read(get, "skip_special_tokens"),
         read(get, "stream_interval"),
+        _token_ids(get, "prediction_ids", vocab_size),
     )
+
+
+def _token_ids(get: TensorLookup, name: str, vocab_size: int) -> list[int]:
+    tensor = get(name)
+    ids = [] if tensor is None else tensor.reshape(-1).astype(np.int64).tolist()
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise RequestError(name, f"{name} holds token ids outside [0, {vocab_size}): {bad[:5]}")
+    return ids
 
 
 def _guide(get: TensorLookup) -> tuple[str, str] | None:

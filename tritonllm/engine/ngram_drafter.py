@@ -16,6 +16,9 @@ drafts nothing, and tries again after DORMANT_STEPS steps.
 
 Each sequence's n-grams are indexed as its tokens grow, so a draft costs a few dictionary lookups, not a scan
 of the context.
+
+A request's prediction (OpenAI's Predicted Outputs: the answer is expected to repeat much of a given text, as
+an edited file does) is drafted from instead of the sequence's own text, with or without `speculative`.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from .sequence import Sequence
 DECAY = 0.7  # weight of the verifications before the last one, in a sequence's acceptance rate
 DORMANT_STEPS = 16  # a sequence that drafts nothing tries one draft again after this many steps
 DEFAULT_ROW_SHARE = 0.25  # one more row's share of a step, until the engine has measured its steps
+PREDICTION_PRIOR = 3.0  # drafts from a request's prediction start as if 3 of 4 were kept
 
 
 @dataclass
@@ -47,15 +51,20 @@ class NgramIndex:
                     self.after[tuple(tokens[end - n : end])] = end
         self.indexed = max(self.indexed, len(tokens) - 1)
 
-    def continuation(self, tokens: list[int], limit: int) -> list[int]:
-        """Up to `limit` tokens that followed the longest earlier occurrence of the tokens' last n."""
+    def follower(self, tokens: list[int]) -> int | None:
+        """Where the indexed text went on after its latest occurrence of the longest n-gram ending `tokens`."""
         for n in reversed(self.sizes):
-            if len(tokens) <= n:
-                continue
-            start = self.after.get(tuple(tokens[-n:]))
-            if start is not None:
-                return tokens[start : start + limit]
-        return []
+            if len(tokens) > n:
+                start = self.after.get(tuple(tokens[-n:]))
+                if start is not None:
+                    return start
+        return None
+
+    def continuation(self, tokens: list[int], limit: int) -> list[int]:
+        """Up to `limit` tokens that followed the longest earlier occurrence of the tokens' last n (the index
+        being of `tokens` themselves)."""
+        start = self.follower(tokens)
+        return [] if start is None else tokens[start : start + limit]
 
 
 @dataclass
@@ -89,9 +98,34 @@ class AcceptanceRate:
 
 
 @dataclass
+class PredictionState:
+    """Where a sequence's output stands against its request's prediction: while the output is the prediction's
+    beginning, the prediction's next tokens are the draft; once they part, its n-gram index finds where the
+    output rejoins it (an edit made, the rest copied)."""
+
+    index: NgramIndex
+    aligned: int = 0  # output tokens equal to the prediction's first ones
+    parted: bool = False
+
+    def continuation(self, seq: Sequence, limit: int) -> list[int]:
+        prediction, tokens, start = seq.prediction, seq.token_ids, seq.num_prompt_tokens
+        while not self.parted and start + self.aligned < len(tokens):
+            i = self.aligned
+            if i < len(prediction) and tokens[start + i] == prediction[i]:
+                self.aligned += 1
+            else:
+                self.parted = True
+        if not self.parted:
+            return prediction[self.aligned : self.aligned + limit]
+        rejoin = self.index.follower(tokens)
+        return [] if rejoin is None else prediction[rejoin : rejoin + limit]
+
+
+@dataclass
 class DraftState:
     index: NgramIndex
     acceptance: AcceptanceRate = field(default_factory=AcceptanceRate)
+    prediction: PredictionState | None = None
 
 
 class NgramDrafter:
@@ -107,9 +141,11 @@ class NgramDrafter:
         """Guessed next tokens of `seq`, at most min(num_tokens, room) and only as many as its acceptance rate
         pays for (`row_share`: one more row's share of the step; None: DEFAULT_ROW_SHARE)."""
         state = self._state(seq)
-        state.index.update(seq.token_ids)
         share = DEFAULT_ROW_SHARE if row_share is None else row_share
         length = state.acceptance.best_length(min(self.num_tokens, room), share)
+        if state.prediction is not None:
+            return state.prediction.continuation(seq, length) if length else []
+        state.index.update(seq.token_ids)
         return state.index.continuation(seq.token_ids, length) if length else []
 
     def verified(self, seq: Sequence, drafted: int, accepted: int) -> None:
@@ -119,4 +155,10 @@ class NgramDrafter:
         state = self._states.get(seq)
         if state is None:
             state = self._states[seq] = DraftState(NgramIndex(self.sizes))
+            if seq.prediction:
+                prediction = NgramIndex(self.sizes)
+                prediction.update(seq.prediction)
+                state.prediction = PredictionState(prediction)
+                # the client expects the answer to repeat it: trust the first drafts more than a guess
+                state.acceptance = AcceptanceRate(kept=PREDICTION_PRIOR)
         return state

@@ -57,6 +57,9 @@ class Sequence:
     draft_tokens: list[int] = field(default_factory=list)
     draft_logits: torch.Tensor | None = None  # [len(draft_tokens), vocab]
     accepted_drafts: int = 0  # of the last verification
+    # OpenAI's Predicted Outputs: text the answer is expected to repeat, drafted from (ngram_drafter.py).
+    prediction: list[int] = field(default_factory=list)
+    accepted_prediction_tokens: int = 0
     # P-tuning: prompt ids from the vocabulary size on select rows of this [rows, hidden] table.
     prompt_table: torch.Tensor | None = None
     adapter: Adapter | None = None  # LoRA
@@ -140,6 +143,11 @@ class Sequence:
             arrival_time=self.arrival_time,
             first_scheduled_time=self.first_scheduled_time,
         )
+
+    @property
+    def rejected_prediction_tokens(self) -> int:
+        """The prediction's tokens that did not become output through a kept draft (OpenAI's usage field)."""
+        return max(0, len(self.prediction) - self.accepted_prediction_tokens)
 
     def queue_wait(self) -> float:
         """Seconds from arrival to first scheduling (0 while still waiting)."""

@@ -189,6 +189,8 @@ class Responder:
             "num_input_tokens": np.array([[seq.num_prompt_tokens]], dtype=np.int32),
             "batch_size": np.array([[out.batch_size]], dtype=np.int32),
             "queue_wait_us": np.array([[int(seq.queue_wait() * 1e6)]], dtype=np.int64),
+            "accepted_prediction_tokens": np.array([[seq.accepted_prediction_tokens]], dtype=np.int32),
+            "rejected_prediction_tokens": np.array([[seq.rejected_prediction_tokens]], dtype=np.int32),
             **self.detokenizing,
         }
 

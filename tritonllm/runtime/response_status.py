@@ -20,6 +20,8 @@ FIELDS = (
     ("sequence_index", np.int32),
     ("stop_token", np.int32),
     ("skip_special_tokens", np.bool_),
+    ("accepted_prediction_tokens", np.int32),
+    ("rejected_prediction_tokens", np.int32),
 )
 # code 0: not finished yet; then the values of tritonllm.engine.sequence.FinishReason (not imported here, as that
 # would load torch into postprocessing)

@@ -114,6 +114,23 @@ class SamplingFields(VLLMFields):
         )
 
 
+class Prediction(BaseModel):
+    """OpenAI's Predicted Outputs: text the answer is expected to repeat, as an edited file repeats the file."""
+
+    type: Literal["content"]
+    content: str | list[dict[str, Any]]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        parts = []
+        for i, part in enumerate(self.content):
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise APIError(400, "a prediction's content parts are text parts", f"prediction.content.{i}")
+            parts.append(part["text"])
+        return "".join(parts)
+
+
 class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
@@ -191,7 +208,8 @@ class ChatRequest(SamplingFields):
     # Accepted and ignored: they cannot change a text model's answer here.
     reasoning_effort: str | None = None
     verbosity: str | None = None
-    prediction: dict[str, Any] | None = None
+    # Predicted Outputs: its tokens are drafts the engine verifies (the answer does not change, it comes sooner).
+    prediction: Prediction | None = None
     # They would change the answer, and cannot be honoured: refused when they ask for something.
     modalities: list[str] | None = None
     audio: dict[str, Any] | None = None

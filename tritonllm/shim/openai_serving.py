@@ -35,6 +35,8 @@ class Choice:
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
     arrivals: list[float] = field(default_factory=list)
     batch_sizes: list[int] = field(default_factory=list)
     queue_waits: list[int] = field(default_factory=list)
@@ -46,6 +48,8 @@ class Choice:
         if chunk.prompt_text is not None:
             self.prompt_text, self.prompt_logprobs = chunk.prompt_text, chunk.prompt_logprobs
         self.prompt_tokens, self.completion_tokens = chunk.num_input_tokens, chunk.num_output_tokens
+        self.accepted_prediction_tokens = chunk.accepted_prediction_tokens
+        self.rejected_prediction_tokens = chunk.rejected_prediction_tokens
         self.arrivals.append(chunk.arrived)
         # Per token: the batch it was generated in, and the time it waited in the queue (only the first did).
         for _ in range(max(chunk.num_tokens, 1)):
@@ -134,6 +138,7 @@ def chat_generation(body: ChatRequest, settings: ShimSettings, where: str = "mes
         guide=body.guide(FORMATS[settings.tool_call_parser]),
         logprobs=bool(body.logprobs) or None,
         top_logprobs=body.top_logprobs if body.logprobs else None,
+        prediction=body.prediction.text() if body.prediction else None,
     )
 
 
@@ -271,7 +276,7 @@ class ChatRender(Render):
         if finish and self.full_text:
             extra["full_text"] = choice.text
         if finish and not self.include_usage():
-            extra["usage"] = _usage([choice])
+            extra["usage"] = self.usage([choice])
         return [self.envelope(self.object_chunk, [out], **extra)]
 
     def logprobs(self, tokens) -> dict | None:
@@ -304,7 +309,17 @@ class ChatRender(Render):
                     "finish_reason": finish,
                 }
             )
-        return self.envelope(self.object_whole, out, usage=_usage(choices), **self.timings(choices[0]))
+        return self.envelope(self.object_whole, out, usage=self.usage(choices), **self.timings(choices[0]))
+
+    def usage(self, choices: list[Choice]) -> dict:
+        counts = _usage(choices)
+        if self.body.prediction is None:
+            return counts
+        details = {
+            "accepted_prediction_tokens": sum(c.accepted_prediction_tokens for c in choices),
+            "rejected_prediction_tokens": sum(c.rejected_prediction_tokens for c in choices),
+        }
+        return {**counts, "completion_tokens_details": details}
 
 
 class CompletionRender(Render):

@@ -84,6 +84,7 @@ class GenerationRequest:
     guide: tuple[str, str] | None = None  # (guided_decoding_guide_type, guided_decoding_guide)
     priority: int | None = None  # 1 highest .. 5 lowest
     timeout_ms: int | None = None  # the engine ends the generation with finish reason "timeout"
+    prediction: str | None = None  # Predicted Outputs: text the answer is expected to repeat
     stream: bool = True
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
@@ -118,6 +119,8 @@ class GenerationRequest:
             tensors.append(("num_return_sequences", "INT32", _scalar("INT32", self.num_samples)))
         if self.beam_width > 1:
             tensors.append(("beam_width", "INT32", _scalar("INT32", self.beam_width)))
+        if self.prediction:
+            tensors.append(("prediction", "BYTES", _bytes(self.prediction)))
         if self.stop_token_ids:
             tensors.append(("stop_token_ids", "INT32", np.array([self.stop_token_ids], dtype=np.int32)))
         if self.logit_bias:
@@ -198,6 +201,8 @@ class Chunk:
     queue_wait_us: int
     num_tokens: int  # tokens in this chunk
     stop_token: int  # the stop_token_ids entry that ended it, else -1
+    accepted_prediction_tokens: int  # with a prediction: its tokens kept as drafts so far, and the rest of them
+    rejected_prediction_tokens: int
     logprobs: list[TokenLogprob]
     arrived: float  # time.monotonic()
     # asked for by return_prompt_log_probs, in a sample's first chunk: the prompt as text, and its tokens' log-probs
@@ -230,6 +235,8 @@ class Chunk:
             queue_wait_us=int(scalar("queue_wait_us")),
             num_tokens=result.as_numpy("output_ids").size,
             stop_token=int(scalar("stop_token")),
+            accepted_prediction_tokens=int(scalar("accepted_prediction_tokens")),
+            rejected_prediction_tokens=int(scalar("rejected_prediction_tokens")),
             logprobs=[
                 TokenLogprob(
                     tokens[i],

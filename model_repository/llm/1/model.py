@@ -103,6 +103,7 @@ class TritonPythonModel:
                     adapter=self._adapter(get),
                     draft_tokens=parsed.draft_tokens,
                     draft_logits=parsed.draft_logits,
+                    prediction=parsed.prediction,
                     deadline=None if parsed.timeout_s is None else time.monotonic() + parsed.timeout_s,
                 )
                 if parsed.guide is not None:

@@ -25,6 +25,8 @@ FROM_STATUS = (
     "queue_wait_us",
     "sequence_index",
     "stop_token",
+    "accepted_prediction_tokens",
+    "rejected_prediction_tokens",
 )
 
 # Sent by the llm only when asked for, and handed on as they are.

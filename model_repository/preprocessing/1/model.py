@@ -102,6 +102,8 @@ class TritonPythonModel:
             stop_token_ids = [t for t in _ids(request, "stop_token_ids") if 0 <= t < len(self.tokenizer)]
             stop_words = self._word_list(request, "stop_words", [[t] for t in stop_token_ids])
             bias = self._embedding_bias(request)
+            prediction = _string(request, "prediction")
+            prediction_ids = self.tokenizer.encode(prediction, add_special_tokens=False) if prediction else []
         except ValueError as e:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(errors.to_message(e)))
         tok = self.tokenizer
@@ -126,6 +128,7 @@ class TritonPythonModel:
                 pb_utils.Tensor("bad_words_list", bad_words[None]),
                 pb_utils.Tensor("stop_words_list", stop_words[None]),
                 pb_utils.Tensor("embedding_bias", bias[None]),
+                pb_utils.Tensor("prediction_ids", np.array([prediction_ids], dtype=np.int32)),
             ]
         )
 
