@@ -4,7 +4,8 @@
 
 One request alone, greedy, chat: code edits that repeat much of their prompt (the workload prompt lookup is
 for) and a free answer (where drafts mostly miss, so speculation must not cost). Servers: llama-server plain and
-with `--spec-type ngram-simple`; `tritonllm serve` plain and with `--speculative ngram`. Each case runs alone
+with `--spec-type ngram-simple`; `tritonllm serve` plain and with `--speculative ngram`, and the plain one with the
+code as the request's `prediction` (OpenAI's Predicted Outputs; code workloads only). Each case runs alone
 (the other servers stopped), in turns, `--repeat` rounds; tokens/s is completion tokens over the request's wall
 time (time to first token included), medians. The answers of each server with and without speculation are
 compared: greedy output must not change.
@@ -48,12 +49,16 @@ def add_user(users, name, email):
     users.append({"name": name, "email": email})
     return users
 """
+# name: (the request, the text the answer is expected to repeat: what a Predicted Outputs client sends)
 WORKLOADS = {
-    "rename a function in code": "Rename the function find_user to get_user in this code. Show the whole code."
-    f"\n\n{CODE}",
-    "add type hints to code": f"Add type hints to every function in this code. Show the whole code.\n\n{CODE}",
-    "free answer": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "rename a function in code": (
+        f"Rename the function find_user to get_user in this code. Show the whole code.\n\n{CODE}",
+        CODE,
+    ),
+    "add type hints to code": (f"Add type hints to every function in this code. Show the whole code.\n\n{CODE}", CODE),
+    "free answer": ("Write a short story about a lighthouse keeper who finds a message in a bottle.", None),
 }
+PREDICTED = "this project, prediction: the code"
 NEW_TOKENS = 128
 
 
@@ -64,7 +69,7 @@ def llama_cpp(extra: list[str], log: str) -> tuple[Server, int]:
     return Server(command, f"http://127.0.0.1:{port}/health", RESULTS / log), port
 
 
-def ask(port: int, content: str) -> tuple[float, str]:
+def ask(port: int, content: str, prediction: str | None = None) -> tuple[float, str]:
     """Tokens per second of one greedy chat request, and its answer."""
     body = {
         "model": MODEL.name,
@@ -73,6 +78,8 @@ def ask(port: int, content: str) -> tuple[float, str]:
         "temperature": 0,
         "ignore_eos": True,
     }
+    if prediction:
+        body["prediction"] = {"type": "content", "content": prediction}
     started = time.perf_counter()
     response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=600)
     response.raise_for_status()
@@ -102,6 +109,7 @@ def main() -> None:
             server, port, _ = ours(RESULTS / f"tritonllm-{len(servers)}.log.tmp", model=Q4_1_GGUF, flags=flags)
             stack.callback(server.stop)
             servers[label] = (server, port)
+        servers[PREDICTED] = servers["this project"]  # the plain server, the code sent as the prediction
 
         def alone(chosen: Server | None) -> None:
             for server, _ in servers.values():
@@ -111,11 +119,13 @@ def main() -> None:
             alone(server)
             ask(port, "Hello")
         for round_ in range(args.repeat):
-            for workload, content in WORKLOADS.items():
+            for workload, (content, prediction) in WORKLOADS.items():
                 for label, (server, port) in servers.items():
+                    if label == PREDICTED and prediction is None:
+                        continue
                     print(f"[speculation] round {round_ + 1}: {workload}: {label}", file=sys.stderr, flush=True)
                     alone(server)
-                    rate, answer = ask(port, content)
+                    rate, answer = ask(port, content, prediction if label == PREDICTED else None)
                     rates.setdefault(workload, {}).setdefault(label, []).append(rate)
                     answers.setdefault(workload, {})[label] = answer
         alone(None)
@@ -140,17 +150,20 @@ def write_report(rates: dict, answers: dict, args: argparse.Namespace) -> None:
         medians = {label: statistics.median(values) for label, values in by_label.items()}
         cells = []
         for label in labels:
+            if label not in medians:
+                cells.append("-")
+                continue
             base = medians[label.split(",")[0]]
             cells.append(
                 f"{medians[label]:.1f}" + ("" if label == label.split(",")[0] else f" ({medians[label] / base:.2f})")
             )
         lines.append(f"| {workload} | " + " | ".join(cells) + " |")
-    lines += ["", "Greedy answers unchanged by speculation (same server, same request):", ""]
+    lines += ["", "Greedy answers unchanged by speculation (against the same server without it, same request):", ""]
     for workload, by_label in answers.items():
-        same = {
-            base: by_label[base] == by_label[f"{base}, {flag}"]
-            for base, flag in (("llama.cpp", "--spec-type ngram-simple"), ("this project", "--speculative ngram"))
-        }
+        pairs = (("llama.cpp", "--spec-type ngram-simple"), ("this project", "--speculative ngram"))
+        same = {f"{base}, {flag}": by_label[base] == by_label[f"{base}, {flag}"] for base, flag in pairs}
+        if PREDICTED in by_label:
+            same[PREDICTED] = by_label["this project"] == by_label[PREDICTED]
         lines.append(f"- {workload}: " + ", ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in same.items()))
     (RESULTS / "speculation.md").write_text("\n".join(lines) + "\n")
     (RESULTS / "speculation.json").write_text(json.dumps({"rates": rates, "answers": answers}, indent=1))

@@ -131,6 +131,8 @@ def chat_generation(body: ChatRequest, settings: ShimSettings, where: str = "mes
     check_size(sum(len(m["content"]) for m in messages), where)
     if body.top_logprobs and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+    prediction = body.prediction.text() if body.prediction else None
+    check_size(len(prediction or ""), "prediction")
     return body.generation_request(
         settings.default_max_tokens,
         messages=messages,
@@ -138,7 +140,7 @@ def chat_generation(body: ChatRequest, settings: ShimSettings, where: str = "mes
         guide=body.guide(FORMATS[settings.tool_call_parser]),
         logprobs=bool(body.logprobs) or None,
         top_logprobs=body.top_logprobs if body.logprobs else None,
-        prediction=body.prediction.text() if body.prediction else None,
+        prediction=prediction,
     )
 
 
