@@ -12,7 +12,7 @@ sequence's step takes 1.16x as long with one draft and 2.3x with four). So each 
 tokens as pay for themselves: with its recent acceptance rate a (each draft kept with probability a until the
 first miss), k drafts bring (1 - a^(k+1)) / (1 - a) tokens for a step that costs (1 + k * share), where share is
 one more row's share of the step (step_cost.py); k maximizes the ratio. Text that stops repeating itself soon
-drafts nothing, and tries again after DORMANT_STEPS steps.
+drafts nothing, and tries again after DORMANT_TOKENS tokens.
 
 Each sequence's n-grams are indexed as its tokens grow, so a draft costs a few dictionary lookups, not a scan
 of the context.
@@ -29,9 +29,15 @@ from dataclasses import dataclass, field
 from .sequence import Sequence
 
 DECAY = 0.7  # weight of the verifications before the last one, in a sequence's acceptance rate
-DORMANT_STEPS = 16  # a sequence that drafts nothing tries one draft again after this many steps
+# A sequence that drafts nothing tries one draft again after this many tokens of its own (not engine steps:
+# how many steps it sat out depends on the batch, and a sampled sequence's draws must not)
+DORMANT_TOKENS = 16
 DEFAULT_ROW_SHARE = 0.25  # one more row's share of a step, until the engine has measured its steps
 PREDICTION_PRIOR = 3.0  # drafts from a request's prediction start as if 3 of 4 were kept
+# Drafting must promise this many times the tokens per unit of time of not drafting: the line of step times
+# leaves out what a drafted row costs beside the forward pass (its sampling, the drafting itself), and a free
+# answer lost 10% with drafts taken at any expected gain (bench/results/speculation.md).
+MIN_GAIN = 1.1
 
 
 @dataclass
@@ -74,7 +80,7 @@ class AcceptanceRate:
 
     kept: float = 1.0
     missed: float = 1.0
-    idle: int = 0  # steps since it last drafted
+    last_draft: int = 0  # the sequence's output tokens when it last drafted
 
     @property
     def rate(self) -> float:
@@ -84,16 +90,18 @@ class AcceptanceRate:
         self.kept = DECAY * self.kept + accepted
         self.missed = DECAY * self.missed + (accepted < drafted)
 
-    def best_length(self, limit: int, row_share: float) -> int:
-        """The number of drafts, up to `limit`, that brings the most tokens per unit of step time."""
-        a, best, best_gain = self.rate, 0, 1.0
+    def best_length(self, limit: int, row_share: float, made: int) -> int:
+        """The number of drafts, up to `limit`, that brings the most tokens per unit of step time; `made`: the
+        sequence's output tokens so far."""
+        a, best, best_gain = self.rate, 0, MIN_GAIN
         for k in range(1, limit + 1):
             gain = sum(a**i for i in range(k + 1)) / (1.0 + k * row_share)
             if gain > best_gain:
                 best, best_gain = k, gain
-        if best == 0 and limit and self.idle >= DORMANT_STEPS:
+        if best == 0 and limit and made - self.last_draft >= DORMANT_TOKENS:
             best = 1  # the text may repeat itself again: one draft finds out
-        self.idle = 0 if best else self.idle + 1
+        if best:
+            self.last_draft = made
         return best
 
 
@@ -142,7 +150,7 @@ class NgramDrafter:
         pays for (`row_share`: one more row's share of the step; None: DEFAULT_ROW_SHARE)."""
         state = self._state(seq)
         share = DEFAULT_ROW_SHARE if row_share is None else row_share
-        length = state.acceptance.best_length(min(self.num_tokens, room), share)
+        length = state.acceptance.best_length(min(self.num_tokens, room), share, seq.num_output_tokens)
         if state.prediction is not None:
             return state.prediction.continuation(seq, length) if length else []
         state.index.update(seq.token_ids)
