@@ -125,11 +125,7 @@ def _prompt_table(get: TensorLookup, hidden_size: int) -> torch.Tensor | None:
 
 
 def _drafts(get: TensorLookup, vocab_size: int) -> tuple[list[int], torch.Tensor | None]:
-    ids, logits = get("draft_input_ids"), get("draft_logits")
-    drafts = [] if ids is None else ids.reshape(-1).astype(np.int64).tolist()
-    bad = [t for t in drafts if not 0 <= t < vocab_size]
-    if bad:
-        raise RequestError("draft_input_ids", f"draft_input_ids holds token ids outside [0, {vocab_size}): {bad[:5]}")
+    drafts, logits = _token_ids(get, "draft_input_ids", vocab_size), get("draft_logits")
     if logits is None:
         return drafts, None
     table = logits.reshape(-1, logits.shape[-1]) if logits.ndim >= 2 else logits
