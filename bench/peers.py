@@ -276,12 +276,19 @@ def ours(
     return Server(command, f"http://127.0.0.1:{shim_port}/health", log, env), shim_port, ports["--grpc-port"]
 
 
-def llama_cpp(gguf_file: Path, context: int = WORKLOADS["W1"].requests * 256) -> tuple[Server, int]:
-    """llama-server with one slot per W1 request, sharing `context` tokens of KV cache."""
-    threads, slots, port = str(os.cpu_count() or 2), WORKLOADS["W1"].requests, free_port()
+def llama_cpp(
+    gguf_file: Path,
+    context: int = WORKLOADS["W1"].requests * 256,
+    slots: int = WORKLOADS["W1"].requests,
+    extra: tuple[str, ...] = (),
+    log: str = "llama-server.log.tmp",
+) -> tuple[Server, int]:
+    """llama-server with `slots` slots (one per W1 request) sharing `context` tokens of KV cache; `extra`: more
+    of its flags."""
+    threads, port = str(os.cpu_count() or 2), free_port()
     command = [str(llama_server()), "-m", str(gguf_file), "--host", "127.0.0.1", "--port", str(port)]
-    command += ["-np", str(slots), "-c", str(context), "-t", threads, "-tb", threads, "--no-webui"]
-    return Server(command, f"http://127.0.0.1:{port}/health", RESULTS / "llama-server.log.tmp"), port
+    command += ["-np", str(slots), "-c", str(context), "-t", threads, "-tb", threads, "--no-webui", *extra]
+    return Server(command, f"http://127.0.0.1:{port}/health", RESULTS / log), port
 
 
 def vllm(kv_cache_gib: int = 2) -> tuple[Server, int]:

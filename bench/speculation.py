@@ -21,7 +21,7 @@ import sys
 import time
 
 import httpx
-from peers import MODEL, Q4_1_GGUF, RESULTS, Server, free_port, llama_server, ours
+from peers import MODEL, Q4_1_GGUF, RESULTS, Server, llama_cpp, ours
 from run import machine
 
 CODE = """import json
@@ -62,13 +62,6 @@ PREDICTED = "this project, prediction: the code"
 NEW_TOKENS = 128
 
 
-def llama_cpp(extra: list[str], log: str) -> tuple[Server, int]:
-    port = free_port()
-    command = [str(llama_server()), "-m", str(Q4_1_GGUF), "--host", "127.0.0.1", "--port", str(port), "-np", "1"]
-    command += ["-c", "4096", "--no-webui", *extra]
-    return Server(command, f"http://127.0.0.1:{port}/health", RESULTS / log), port
-
-
 def ask(port: int, content: str, prediction: str | None = None) -> tuple[float, str]:
     """Tokens per second of one greedy chat request, and its answer."""
     body = {
@@ -97,8 +90,10 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         servers = {}
         for label, (server, port) in {
-            "llama.cpp": llama_cpp([], "llama-server.log.tmp"),
-            "llama.cpp, --spec-type ngram-simple": llama_cpp(["--spec-type", "ngram-simple"], "llama-spec.log.tmp"),
+            "llama.cpp": llama_cpp(Q4_1_GGUF, context=4096, slots=1),
+            "llama.cpp, --spec-type ngram-simple": llama_cpp(
+                Q4_1_GGUF, context=4096, slots=1, extra=("--spec-type", "ngram-simple"), log="llama-spec.log.tmp"
+            ),
         }.items():
             stack.callback(server.stop)
             servers[label] = (server, port)
