@@ -70,9 +70,10 @@ class Replica:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def ready(self) -> bool:
+        """The pod's readiness probe: the shim's /health, which asks Triton (its /v1/models answers before)."""
         assert all(p.poll() is None for p in self.started), f"replica {self.name} exited"
         try:
-            with urllib.request.urlopen(f"{self.url}/models", timeout=2) as response:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.shim_port}/health", timeout=2) as response:
                 return response.status == 200
         except OSError:
             return False
@@ -155,7 +156,12 @@ async def streaming(router: RoundRobin, count: int) -> list[asyncio.Task]:
     """`count` requests, returned once every one of them is streaming."""
     events = [asyncio.Event() for _ in range(count)]
     tasks = [asyncio.create_task(router.chat(f"request {i}", events[i])) for i in range(count)]
-    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 120)
+    for event, task in zip(events, tasks, strict=True):
+        # a request that ends before it streams (an error answer) ends the wait with its outcome
+        streams = asyncio.create_task(event.wait())
+        await asyncio.wait([streams, task], timeout=120, return_when=asyncio.FIRST_COMPLETED)
+        streams.cancel()
+        assert event.is_set(), f"a request did not stream: {task.result() if task.done() else 'no answer in 120 s'}"
     return tasks
 
 

@@ -32,6 +32,7 @@ POSTPROCESSING = "postprocessing"
 EMBEDDING = "embedding"
 NUMPY_TYPES = {"BOOL": bool, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32}
 FINISH_GRACE_S = 30.0  # how long an abandoned call may take to end after its stop before it is cancelled
+RECONNECT_MS = 1000
 
 
 class TritonRequestError(Exception):
@@ -275,10 +276,27 @@ def _infer_input(name: str, datatype: str, array: np.ndarray) -> grpcclient.Infe
     return tensor
 
 
+def _channel_args() -> list[tuple[str, int]]:
+    """tritonclient's own options, with reconnection tried each second: a shim that starts before its
+    tritonserver (a pod's two containers), or outlives a restart of it, is ready as soon as Triton is, not after
+    gRPC's backoff (which grows to 120 s)."""
+    keepalive = grpcclient.KeepAliveOptions()
+    return [
+        ("grpc.max_send_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.max_receive_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+        ("grpc.initial_reconnect_backoff_ms", RECONNECT_MS),
+        ("grpc.max_reconnect_backoff_ms", RECONNECT_MS),
+    ]
+
+
 class TritonLLMClient:
     def __init__(self, url: str, api_key: str | None = None) -> None:
         """`api_key`: sent as the header a key-guarded tritonserver asks for (runtime/tritonserver.py)."""
-        self._client = grpcclient.InferenceServerClient(url)
+        self._client = grpcclient.InferenceServerClient(url, channel_args=_channel_args())
         self._headers = {GRPC_API_KEY_HEADER: api_key} if api_key else None
         self._background: set[asyncio.Task] = set()
 
