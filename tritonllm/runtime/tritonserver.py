@@ -274,7 +274,7 @@ class TritonServer:
                 told = time.monotonic()
                 waiting = ", ".join(self._loads.loading) or "the server"
                 progress(f"still loading after {told - started:.0f}s: {waiting}")
-            time.sleep(0.25)
+            time.sleep(0.05)
         self.stop()
         raise ServerError(f"tritonserver not ready after {timeout:.0f}s{self._loads.failures() or self._log_hint()}")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import time
+from functools import cached_property
 
 import torch
 import triton_python_backend_utils as pb_utils
@@ -44,6 +45,7 @@ class TritonPythonModel:
             config = dataclasses.replace(config, device=f"cuda:{args['model_instance_device_id']}")
         if params.instance_count > 1:  # each instance is a process with a forward pass of its own
             torch.set_num_threads(tensor_parallel.cores_per(params.instance_count))
+        self.model_dir = model_dir
         self.engine = load_on_own_thread(lambda: LLMEngine(config))
         blocks, runner = self.engine.blocks, self.engine.runner
         pb_utils.Logger.log_info(
@@ -53,7 +55,6 @@ class TritonPythonModel:
             f"decode steps on the {'native decoder stack' if runner.decoder_stack else 'modules'}; "
             f"speculative decoding: {config.speculative}"
         )
-        self.grammars = GrammarCompiler(load_tokenizer(model_dir))
         self.hidden_size = self.engine.runner.model.config.hidden_size
         self.shared = server_folder(args["model_name"])
         self.adapters = AdapterCache(config.lora_cache_size, self.shared / "lora")
@@ -73,6 +74,12 @@ class TritonPythonModel:
         gc.freeze()
         self.thread.start()
         self.stops = StopBoard(self.shared / "stops", args["model_instance_name"], self.thread.cancel)
+
+    @cached_property
+    def grammars(self) -> GrammarCompiler:
+        """Built at the first guided request, as vLLM builds its grammar backend: a second of tokenizer work that
+        a start without one need not wait for."""
+        return GrammarCompiler(load_tokenizer(self.model_dir))
 
     def execute(self, requests: list) -> None:
         vocab = self.engine.runner.shape.vocab_size
