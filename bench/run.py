@@ -200,10 +200,14 @@ def case_c(model, prompts, w: Workload) -> Result:
 class InProcessEngine:
     """Case d: one engine for every run, driven step by step from this thread."""
 
-    def __init__(self, model_dir: Path, w: Workload) -> None:
+    def __init__(self, model_dir: Path, w: Workload, gguf_file: Path | None = None) -> None:
+        """`gguf_file`: `model_dir` is its dequantized directory, and its Q8_0/Q4 weights stay quantized."""
         from tritonllm.engine.engine import EngineConfig, LLMEngine
 
-        self.engine = LLMEngine(EngineConfig(str(model_dir), num_kv_blocks=1024, max_num_seqs=64))
+        config = EngineConfig(
+            str(model_dir), num_kv_blocks=1024, max_num_seqs=64, gguf_file=str(gguf_file) if gguf_file else None
+        )
+        self.engine = LLMEngine(config)
         self.w = w
 
     def __call__(self, prompts: list[list[int]]) -> Result:

