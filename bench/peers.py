@@ -250,10 +250,11 @@ def ours(
     repository: Path | None = None,
     tree: Path | None = None,
     flags: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> tuple[Server, int, int]:
     """`tritonllm serve` on the model; the server, its shim port and its gRPC port. `tree`: the code and model
     repository of another checkout (an A/B against another revision), on this checkout's venv; `flags`: more of
-    serve's flags."""
+    serve's flags; `env`: more of its environment (which tritonserver and the models' stubs inherit)."""
     shim_port, ports = (
         free_port(),
         {"--http-port": free_port(), "--grpc-port": free_port(), "--metrics-port": free_port()},
@@ -268,9 +269,10 @@ def ours(
     ]
     command += ["--served-model-name", MODEL.name, "--shim-port", str(shim_port), *flags]
     command += [str(v) for kv in ports.items() for v in kv]
-    env = None
+    env = dict(env or {})
     if tree is not None:
-        repository, env = repository or tree / "model_repository", {"PYTHONPATH": str(tree)}
+        repository = repository or tree / "model_repository"
+        env["PYTHONPATH"] = str(tree)
     if repository is not None:
         command += ["--model-repository", str(repository)]
     return Server(command, f"http://127.0.0.1:{shim_port}/health", log, env), shim_port, ports["--grpc-port"]

@@ -9,6 +9,7 @@ out of the step: served ÷ in-process is what these per-token costs leave of the
 
     .venv/bin/python bench/serving_cost.py                       # writes bench/results/serving_cost.md
     .venv/bin/python bench/serving_cost.py --workload C1 --weights q4_1  # serving_cost-C1-q4_1.md
+    .venv/bin/python bench/serving_cost.py --variant-env GOMP_SPINCOUNT=2000  # A/B: also a server with that env
     .venv/bin/python bench/serving_cost.py --baseline /tmp/base  # A/B: also a server from another checkout
 
 A baseline checkout needs its kernels built, or this one's cache: `git worktree add /tmp/base HEAD~1 &&
@@ -75,6 +76,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--baseline", type=Path, help="a checkout of another revision to serve beside this one")
+    parser.add_argument("--variant-env", metavar="NAME=VALUE", help="also a server with this in its environment")
     parser.add_argument("--workload", choices=WORKLOADS, default="W1")
     parser.add_argument("--weights", choices=("fp32", "q4_1"), default="fp32")
     args = parser.parse_args()
@@ -97,6 +99,11 @@ def main() -> None:
         if args.baseline:
             baseline = ours(RESULTS / "tritonllm-baseline.log.tmp", model=weights, tree=args.baseline.resolve())
             servers["baseline "] = baseline
+        if args.variant_env:
+            name, _, value = args.variant_env.partition("=")
+            servers[f"{args.variant_env} "] = ours(
+                RESULTS / "tritonllm-variant.log.tmp", model=weights, env={name: value}
+            )
         cases = {}
         for prefix, (server, shim_port, grpc_port) in servers.items():
             stack.callback(server.stop)
@@ -152,7 +159,7 @@ def write_report(results: dict[str, Costs], args: argparse.Namespace, tokens: in
             + (f" | {outside:.2f} |" if outside is not None else " | - |")
         )
     RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "serving_cost" + ("_ab" if args.baseline else "")
+    name = "serving_cost" + ("_ab" if args.baseline or args.variant_env else "")
     if (args.workload, args.weights) != ("W1", "fp32"):
         name += f"-{args.workload}-{args.weights}"
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
