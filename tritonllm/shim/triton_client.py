@@ -1,4 +1,5 @@
-"""The shim's only way to the model: gRPC streaming to the Triton `ensemble`, and `stop` requests to `llm`.
+"""The shim's only way to the model: gRPC to Triton. Generations stream from the `ensemble`, or from `llm` after a
+`preprocessing` request (direct_route.py, the default); `stop` requests go to `llm`.
 
 The shim never cancels a gRPC call. tritonserver 2.51 can crash (SIGSEGV in its gRPC frontend) when a call is
 cancelled while its responses complete, a race fixed upstream only in 25.04 (triton-inference-server/server
@@ -24,10 +25,9 @@ from tritonclient.utils import InferenceServerException
 from .. import errors, request_parameters
 from ..runtime import response_status
 from ..runtime.tritonserver import GRPC_API_KEY_HEADER
+from .direct_route import LLM, PREPROCESSING, DirectRoute, Tensor
 
 ENSEMBLE = "ensemble"
-LLM = "llm"
-PREPROCESSING = "preprocessing"
 POSTPROCESSING = "postprocessing"
 EMBEDDING = "embedding"
 NUMPY_TYPES = {"BOOL": bool, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32}
@@ -95,7 +95,11 @@ class GenerationRequest:
         return 1 if self.beam_width > 1 else self.num_samples
 
     def inputs(self) -> list[grpcclient.InferInput]:
-        tensors: list[tuple[str, str, np.ndarray]] = [
+        return _infer_inputs(self.tensors())
+
+    def tensors(self) -> list[Tensor]:
+        """The ensemble's inputs."""
+        tensors: list[Tensor] = [
             ("max_tokens", "INT32", np.array([[self.max_tokens]], dtype=np.int32)),
             ("stream", "BOOL", np.array([[self.stream]], dtype=bool)),
         ]
@@ -130,7 +134,7 @@ class GenerationRequest:
         if self.guide is not None:
             tensors.append(("guided_decoding_guide_type", "BYTES", _bytes(self.guide[0])))
             tensors.append(("guided_decoding_guide", "BYTES", _bytes(self.guide[1])))
-        return [_infer_input(name, dt, array) for name, dt, array in tensors]
+        return tensors
 
 
 @dataclass
@@ -215,26 +219,28 @@ class Chunk:
         return self.texts[0]
 
     @classmethod
-    def from_result(cls, result) -> Chunk:
+    def from_outputs(cls, output: Callable[[str], np.ndarray]) -> Chunk:
+        """From the ensemble's outputs, each read by name with `output`."""
+
         def scalar(name: str):
-            return result.as_numpy(name).reshape(-1)[0]
+            return output(name).reshape(-1)[0]
 
         def strings(name: str) -> list[str]:
-            return [b.decode("utf-8", "replace") for b in result.as_numpy(name).reshape(-1)]
+            return [b.decode("utf-8", "replace") for b in output(name).reshape(-1)]
 
-        log_probs = result.as_numpy("output_log_probs").reshape(-1).tolist()
-        top = result.as_numpy("top_log_probs")[0]
-        top_texts = result.as_numpy("top_token_texts")[0]
+        log_probs = output("output_log_probs").reshape(-1).tolist()
+        top = output("top_log_probs")[0]
+        top_texts = output("top_token_texts")[0]
         tokens = strings("token_texts")
         return cls(
-            texts=[b.decode("utf-8") for b in result.as_numpy("text_output").reshape(-1)],
+            texts=[b.decode("utf-8") for b in output("text_output").reshape(-1)],
             finish_reason=scalar("finish_reason").decode(),
             index=int(scalar("sequence_index")),
             num_input_tokens=int(scalar("num_input_tokens")),
             num_output_tokens=int(scalar("num_output_tokens")),
             batch_size=int(scalar("batch_size")),
             queue_wait_us=int(scalar("queue_wait_us")),
-            num_tokens=result.as_numpy("output_ids").size,
+            num_tokens=output("output_ids").size,
             stop_token=int(scalar("stop_token")),
             accepted_prediction_tokens=int(scalar("accepted_prediction_tokens")),
             rejected_prediction_tokens=int(scalar("rejected_prediction_tokens")),
@@ -262,6 +268,22 @@ def _prompt_log_probs(raw: bytes) -> dict:
     return {"prompt_text": parsed["text"], "prompt_logprobs": tokens}
 
 
+def _ensemble_chunk(result) -> Chunk:
+    return Chunk.from_outputs(result.as_numpy)
+
+
+def _all_outputs(result) -> dict[str, np.ndarray]:
+    return {output.name: result.as_numpy(output.name) for output in result.get_response().outputs}
+
+
+def _output(result, name: str) -> Tensor:
+    return name, result.get_output(name).datatype, result.as_numpy(name)
+
+
+def _string(result, name: str) -> str:
+    return result.as_numpy(name).reshape(-1)[0].decode("utf-8")
+
+
 def _scalar(wire: str, value) -> np.ndarray:
     return np.array([[value]], dtype=NUMPY_TYPES[wire])
 
@@ -274,6 +296,10 @@ def _infer_input(name: str, datatype: str, array: np.ndarray) -> grpcclient.Infe
     tensor = grpcclient.InferInput(name, list(array.shape), datatype)
     tensor.set_data_from_numpy(array)
     return tensor
+
+
+def _infer_inputs(tensors: list[Tensor]) -> list[grpcclient.InferInput]:
+    return [_infer_input(name, dt, array) for name, dt, array in tensors]
 
 
 def _channel_args() -> list[tuple[str, int]]:
@@ -294,11 +320,16 @@ def _channel_args() -> list[tuple[str, int]]:
 
 
 class TritonLLMClient:
-    def __init__(self, url: str, api_key: str | None = None) -> None:
-        """`api_key`: sent as the header a key-guarded tritonserver asks for (runtime/tritonserver.py)."""
+    def __init__(self, url: str, api_key: str | None = None, direct: bool = True) -> None:
+        """`api_key`: sent as the header a key-guarded tritonserver asks for (runtime/tritonserver.py).
+        `direct`: generations run the ensemble's steps from here where they can (direct_route.py); False, through
+        the ensemble."""
         self._client = grpcclient.InferenceServerClient(url, channel_args=_channel_args())
         self._headers = {GRPC_API_KEY_HEADER: api_key} if api_key else None
         self._background: set[asyncio.Task] = set()
+        self._route: DirectRoute | None = None
+        self._route_known = not direct
+        self._route_lock = asyncio.Lock()
 
     async def close(self) -> None:
         if self._background:
@@ -313,13 +344,26 @@ class TritonLLMClient:
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         """Yields chunks until the one with a finish reason; ends the generation if the caller stops early."""
-        call = self._open(ENSEMBLE, request.inputs(), request.request_id)
+        route = await self.direct_route()
+        if route is None:
+            call = self._open(ENSEMBLE, request.inputs(), request.request_id)
+            to_chunk = _ensemble_chunk
+        else:
+            tensors = request.tensors()
+            wanted = list(route.preprocessing_outputs)
+            preprocessed = await self._infer(PREPROCESSING, _infer_inputs(route.preprocessing_request(tensors)), wanted)
+            llm_inputs = route.llm_request(tensors, [_output(preprocessed, name) for name in wanted])
+            call = self._open(LLM, _infer_inputs(llm_inputs), request.request_id)
+
+            def to_chunk(result) -> Chunk:
+                return Chunk.from_outputs(route.outputs(_all_outputs(result)).__getitem__)
+
         done, finals = False, 0
         try:
             async for result, error in call:
                 if error is not None:
                     raise TritonRequestError(error.message())
-                chunk = Chunk.from_result(result)
+                chunk = to_chunk(result)
                 finals += bool(chunk.finish_reason)
                 done = finals == request.num_finals
                 yield chunk
@@ -329,6 +373,21 @@ class TritonLLMClient:
             if not done:
                 # Not awaited here: this runs while the caller's task is being torn down.
                 self._run_in_background(self._end(call, request.request_id))
+
+    async def direct_route(self) -> DirectRoute | None:
+        """The route past the ensemble, found at the first generation; None: through the ensemble."""
+        async with self._route_lock:
+            if not self._route_known:
+                try:
+                    config = await self._client.get_model_config(ENSEMBLE, headers=self._headers)
+                except InferenceServerException as e:
+                    raise TritonUnavailable(e.message()) from e
+                snapshot = await self._infer(
+                    PREPROCESSING, [_infer_input("text_input", "BYTES", _bytes(""))], ["tokenizer_snapshot"]
+                )
+                self._route = DirectRoute.of(config.config, _string(snapshot, "tokenizer_snapshot"))
+                self._route_known = True
+        return self._route
 
     async def embed(self, texts: list[str], instruction: str | None) -> tuple[np.ndarray, np.ndarray]:
         """Each text's vector [rows, dimension] and token count [rows] from the `embedding` model."""
@@ -359,7 +418,7 @@ class TritonLLMClient:
         """The tokenizer's special tokens, chat template and context, from `preprocessing`."""
         # Triton takes no request without an input; preprocessing reads none when asked for this alone
         result = await self._infer(PREPROCESSING, [_infer_input("text_input", "BYTES", _bytes(""))], ["tokenizer_info"])
-        return json.loads(result.as_numpy("tokenizer_info").reshape(-1)[0])
+        return json.loads(_string(result, "tokenizer_info"))
 
     async def _infer(self, model: str, inputs: list, outputs: list[str] | None = None):
         """One request, one response; shielded, so that a caller going away does not cancel the call."""

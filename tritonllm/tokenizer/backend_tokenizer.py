@@ -103,7 +103,7 @@ class BackendTokenizer:
 def load_backend_tokenizer(model_dir: Path):
     """The model's tokenizer: from the snapshot when there is one, else transformers' (and the snapshot written
     for next time, where the backend serves it exactly)."""
-    cached = model_cache.cached_file(model_dir, "backend_tokenizer.json", derived_by=Path(__file__))
+    cached = _snapshot_file(model_dir)
     if cached.is_file():
         return BackendTokenizer(json.loads(cached.read_text(encoding="utf-8")))
     tokenizer = load_tokenizer(model_dir)
@@ -111,6 +111,17 @@ def load_backend_tokenizer(model_dir: Path):
     if state is not None:
         model_cache.write(cached, json.dumps(state, ensure_ascii=False))
     return tokenizer
+
+
+def cached_snapshot(model_dir: Path) -> str | None:
+    """The snapshot's JSON as load_backend_tokenizer wrote it, for a process without the model's files (the
+    shim); None where the tokenizer is transformers' own."""
+    cached = _snapshot_file(model_dir)
+    return cached.read_text(encoding="utf-8") if cached.is_file() else None
+
+
+def _snapshot_file(model_dir: Path) -> Path:
+    return model_cache.cached_file(model_dir, "backend_tokenizer.json", derived_by=Path(__file__))
 
 
 def snapshot(tokenizer) -> dict[str, Any] | None:

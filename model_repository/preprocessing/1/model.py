@@ -16,7 +16,7 @@ from tritonllm.runtime.model_config import (
     load_model_config,
     strings,
 )
-from tritonllm.tokenizer.backend_tokenizer import load_backend_tokenizer
+from tritonllm.tokenizer.backend_tokenizer import cached_snapshot, load_backend_tokenizer
 from tritonllm.tokenizer.info import tokenizer_info
 from tritonllm.tokenizer.tool_calls import renders_tools, resolve_format, with_tools_in_prompt
 from tritonllm.tokenizer.word_lists import encode_word_list
@@ -64,7 +64,8 @@ def _same_length(name: str, values: list, other_name: str, others: list) -> None
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         params = ModelParameters(args)
-        self.tokenizer = load_backend_tokenizer(params.model_dir())  # transformers' only on a first start
+        self.model_dir = params.model_dir()
+        self.tokenizer = load_backend_tokenizer(self.model_dir)  # transformers' only on a first start
         self.default_max_tokens = params.int("default_max_tokens", 16)
         self.add_special_tokens = params.bool("add_special_tokens", True)
         parser = os.environ.get(TOOL_CALL_PARSER_ENV) or params.get("tool_call_parser", "auto")
@@ -88,6 +89,9 @@ class TritonPythonModel:
         if set(request.requested_output_names()) == {"tokenizer_info"}:  # asked for alone: the inputs are not read
             info = tokenizer_info(self.tokenizer, self.context)
             return pb_utils.InferenceResponse([pb_utils.Tensor("tokenizer_info", _strings_array([info]))])
+        if set(request.requested_output_names()) == {"tokenizer_snapshot"}:  # the same: for the shim's own detokenizer
+            snapshot = cached_snapshot(self.model_dir) or ""
+            return pb_utils.InferenceResponse([pb_utils.Tensor("tokenizer_snapshot", _strings_array([snapshot]))])
         try:
             if not _bool(request, "exclude_input_in_output", True):
                 raise RequestError(
