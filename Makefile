@@ -6,7 +6,7 @@ CLI := $(VENV)/bin/tritonllm
 MODELS ?= models
 PYTEST_ARGS ?=
 
-.PHONY: install kernels clients system-deps model serve test test-slow test-instances bench bench-peers bench-speculation bench-footprint lint configs perf-analyzer clean
+.PHONY: install kernels clients system-deps model serve test test-slow test-instances soak bench bench-peers bench-speculation bench-footprint lint configs perf-analyzer clean
 
 install: $(VENV)/.installed
 
@@ -81,6 +81,11 @@ test-slow: install kernels clients $(MODELS)/tiny/config.json
 # The integration suite, the cancellation storm included, on a tritonserver whose llm has two instances
 test-instances: install kernels clients $(MODELS)/tiny/config.json
 	TRITONLLM_CLIENTS_VENV=$(CLIENTS_VENV) $(PY) -m pytest tests/integration -m "slow or not slow" --llm-instances 2
+
+# 30 minutes of mixed traffic on the real default model: no 5xx, memory flat, no KV block left (bench/soak.py)
+SOAK_MINUTES ?= 30
+soak: install kernels $(MODELS)/$(DEFAULT_MODEL)/config.json
+	$(PY) bench/soak.py --minutes $(SOAK_MINUTES)
 
 # W1 side by side (transformers generate, generate_batch, decode ceiling, this engine in-process and via Triton).
 bench: install kernels model

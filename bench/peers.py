@@ -251,13 +251,14 @@ def ours(
     tree: Path | None = None,
     flags: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
+    metrics_port: int | None = None,
 ) -> tuple[Server, int, int]:
     """`tritonllm serve` on the model; the server, its shim port and its gRPC port. `tree`: the code and model
     repository of another checkout (an A/B against another revision), on this checkout's venv; `flags`: more of
     serve's flags; `env`: more of its environment (which tritonserver and the models' stubs inherit)."""
     shim_port, ports = (
         free_port(),
-        {"--http-port": free_port(), "--grpc-port": free_port(), "--metrics-port": free_port()},
+        {"--http-port": free_port(), "--grpc-port": free_port(), "--metrics-port": metrics_port or free_port()},
     )
     command = [
         str(Path(sys.executable).parent / "tritonllm"),

@@ -1,0 +1,330 @@
+"""A soak of mixed traffic on the real default model through `tritonllm serve`: does the server stay correct and
+its memory flat when it runs for a long while?
+
+    make soak                                   # 30 minutes; writes bench/results/soak.{md,json}
+    .venv/bin/python bench/soak.py --minutes 2  # a short try (writes soak-2min.{md,json})
+
+Eight clients on loopback send requests back to back, each of a kind drawn at random: streamed chat, streamed chat
+dropped after a few chunks, completions with n = 2, embeddings, generate_stream, chat with a forced tool call, and
+bad requests (each with the 4xx it must get). Checks, each a line of the report; the exit status is 1 when one
+fails:
+  - no response with a 5xx status, and every valid request succeeds (a dropped stream counts as succeeded once it
+    streamed);
+  - every bad request gets its own 4xx;
+  - the summed RSS of the server's processes at the end within 10% of what it was after the warm-up (the first
+    fifth of the run, at most 5 minutes);
+  - KV blocks in use back to 0 within 30 s of the last request, and the server healthy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import statistics
+import sys
+import time
+import urllib.request
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+
+import httpx
+import psutil
+from peers import MODEL, Server, free_port, ours
+from run import RESULTS, machine
+from serving_cost import process_name
+
+CLIENTS = 8
+MAX_RSS_GROWTH = 0.10
+MB = 2**20
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+TOPICS = ["the sea", "a small town", "bread", "trains", "the moon", "a library", "rain", "chess", "winter", "bees"]
+EMBEDDING_MODEL = "all-MiniLM-L6-v2"
+
+
+@dataclass
+class Outcome:
+    kind: str
+    ok: bool
+    status: int  # HTTP status; 0 when no response came
+    seconds: float
+    detail: str = ""
+
+
+@dataclass
+class Soak:
+    minutes: float
+    outcomes: list[Outcome] = field(default_factory=list)
+    rss_mb: list[tuple[float, float]] = field(default_factory=list)  # (seconds since start, summed RSS)
+    rss_by_process_mb: dict[str, float] = field(default_factory=dict)  # at the end
+    kv_blocks_used_idle: float | None = None
+    healthy_after: bool = False
+
+
+def _prompt(rng: random.Random) -> str:
+    return f"Write two sentences about {rng.choice(TOPICS)} and {rng.choice(TOPICS)}."
+
+
+async def chat_stream(client, rng: random.Random, drop: bool) -> str:
+    stream = await client.chat.completions.create(
+        model=MODEL.name,
+        messages=[{"role": "user", "content": _prompt(rng)}],
+        max_tokens=rng.randint(16, 96),
+        temperature=rng.choice([0, 0.7]),
+        stream=True,
+    )
+    chunks, finish = 0, None
+    async with stream:
+        async for chunk in stream:
+            chunks += 1
+            finish = chunk.choices[0].finish_reason if chunk.choices else finish
+            if drop and chunks == 3:
+                return ""  # leaving mid-stream: the server must end the generation and free its blocks
+    return "" if finish else "the stream ended without a finish reason"
+
+
+async def completion_n(client, rng: random.Random) -> str:
+    answer = await client.completions.create(
+        model=MODEL.name, prompt=_prompt(rng), n=2, max_tokens=rng.randint(8, 48), temperature=0.8
+    )
+    return "" if len(answer.choices) == 2 and all(c.finish_reason for c in answer.choices) else "not 2 choices"
+
+
+async def embeddings(client, rng: random.Random) -> str:
+    texts = [_prompt(rng) for _ in range(rng.randint(1, 4))]
+    answer = await client.embeddings.create(model=EMBEDDING_MODEL, input=texts)
+    return "" if len(answer.data) == len(texts) and len(answer.data[0].embedding) == 384 else "wrong embeddings"
+
+
+async def generate_stream(http: httpx.AsyncClient, rng: random.Random) -> str:
+    body = {"text_input": _prompt(rng), "parameters": {"max_new_tokens": rng.randint(8, 64), "details": True}}
+    events = []
+    async with http.stream("POST", f"/v2/models/{MODEL.name}/generate_stream", json=body) as response:
+        if response.status_code != 200:
+            raise httpx.HTTPStatusError("generate_stream", request=response.request, response=response)
+        async for line in response.aiter_lines():
+            if line.startswith("data:"):
+                events.append(json.loads(line[len("data:") :]))
+    return "" if events and "finish_reason" in events[-1]["details"] else "no final event"
+
+
+async def tool_call(client, rng: random.Random) -> str:
+    answer = await client.chat.completions.create(
+        model=MODEL.name,
+        messages=[{"role": "user", "content": f"What is the weather in {rng.choice(['Paris', 'Oslo', 'Lima'])}?"}],
+        tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=64,
+    )
+    calls = answer.choices[0].message.tool_calls or []
+    return "" if calls and calls[0].function.name == "get_weather" else "no tool call"
+
+
+# Each bad request and the status it must get.
+BAD_REQUESTS = [
+    ("/v1/chat/completions", {"model": MODEL.name, "messages": [{"role": "user", "content": "x"}], "top_p": 2}, 400),
+    ("/v1/chat/completions", {"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}, 404),
+    ("/v1/chat/completions", {"model": MODEL.name, "messages": []}, 400),
+    ("/v1/completions", {"model": MODEL.name, "prompt": "x", "max_tokens": 0}, 400),
+    ("/v1/completions", {"model": MODEL.name, "prompt": "x", "max_tokens": 10**7}, 400),
+    ("/v1/embeddings", {"model": EMBEDDING_MODEL, "input": []}, 400),
+]
+
+
+async def bad_request(http: httpx.AsyncClient, rng: random.Random) -> tuple[int, str]:
+    path, body, expected = rng.choice(BAD_REQUESTS)
+    response = await http.post(path, json=body)
+    return response.status_code, "" if response.status_code == expected else f"{path} {body}: wanted {expected}"
+
+
+KINDS = ["chat_stream", "chat_dropped", "completion_n", "embeddings", "generate_stream", "tool_call", "bad_request"]
+
+
+async def one(kind: str, client, http: httpx.AsyncClient, rng: random.Random) -> Outcome:
+    from openai import APIConnectionError, APIStatusError
+
+    started = time.monotonic()
+    status, detail = 200, ""
+    try:
+        if kind == "bad_request":
+            status, detail = await bad_request(http, rng)
+        elif kind in ("chat_stream", "chat_dropped"):
+            detail = await chat_stream(client, rng, drop=kind == "chat_dropped")
+        elif kind == "completion_n":
+            detail = await completion_n(client, rng)
+        elif kind == "embeddings":
+            detail = await embeddings(client, rng)
+        elif kind == "generate_stream":
+            detail = await generate_stream(http, rng)
+        else:
+            detail = await tool_call(client, rng)
+    except APIStatusError as e:
+        status, detail = e.status_code, str(e)[:300]
+    except httpx.HTTPStatusError as e:
+        status, detail = e.response.status_code, e.response.text[:300]
+    except (APIConnectionError, httpx.HTTPError) as e:
+        status, detail = 0, f"{type(e).__name__}: {e}"[:300]
+    ok = not detail and (status == 200 or kind == "bad_request")
+    return Outcome(kind, ok, status, time.monotonic() - started, detail)
+
+
+async def traffic(base_url: str, seconds: float, soak: Soak) -> None:
+    from openai import AsyncOpenAI
+
+    deadline = time.monotonic() + seconds
+    limits = httpx.Limits(max_connections=2 * CLIENTS)
+    async with httpx.AsyncClient(base_url=base_url, timeout=300, limits=limits) as http:
+        client = AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=300)
+
+        async def worker(seed: int) -> None:
+            rng = random.Random(seed)
+            while time.monotonic() < deadline:
+                soak.outcomes.append(await one(rng.choice(KINDS), client, http, rng))
+
+        await asyncio.gather(*(worker(seed) for seed in range(CLIENTS)))
+        await client.close()
+
+
+def processes(server: Server) -> list[psutil.Process]:
+    root = psutil.Process(server.process.pid)
+    return [root, *root.children(recursive=True)]
+
+
+def rss_by_process(server: Server) -> dict[str, float]:
+    rss: dict[str, float] = defaultdict(float)
+    for process in processes(server):
+        with contextlib.suppress(psutil.Error):
+            rss[process_name(process)] += process.memory_info().rss / MB
+    return dict(rss)
+
+
+async def sample_rss(server: Server, soak: Soak, started: float, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        soak.rss_mb.append((time.monotonic() - started, sum(rss_by_process(server).values())))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 10)
+
+
+def kv_blocks_used(metrics_port: int) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith("tritonllm_kv_blocks_used{")]
+    if not values:
+        raise RuntimeError("the server exports no tritonllm_kv_blocks_used")
+    return sum(values)
+
+
+def run(minutes: float) -> Soak:
+    soak = Soak(minutes)
+    metrics_port = free_port()
+    server, shim_port, _ = ours(RESULTS / "tritonllm-soak.log.tmp", metrics_port=metrics_port)
+    try:
+
+        async def main() -> None:
+            stop, started = asyncio.Event(), time.monotonic()
+            sampler = asyncio.create_task(sample_rss(server, soak, started, stop))
+            await traffic(f"http://127.0.0.1:{shim_port}", minutes * 60, soak)
+            stop.set()
+            await sampler
+
+        asyncio.run(main())
+        soak.rss_mb.append((soak.rss_mb[-1][0] + 10, sum(rss_by_process(server).values())))
+        deadline = time.monotonic() + 30
+        while (used := kv_blocks_used(metrics_port)) and time.monotonic() < deadline:
+            time.sleep(1)
+        soak.kv_blocks_used_idle = used
+        soak.healthy_after = httpx.get(f"http://127.0.0.1:{shim_port}/health", timeout=10).status_code == 200
+        soak.rss_by_process_mb = rss_by_process(server)
+    finally:
+        server.stop()
+    return soak
+
+
+def rss_growth(soak: Soak) -> tuple[float, float, float]:
+    """RSS after the warm-up (the first fifth, at most 5 minutes), at the end, and the growth between them."""
+    warm_up = min(soak.minutes * 60 / 5, 300)
+    after_warm_up = next(rss for t, rss in soak.rss_mb if t >= warm_up)
+    end = soak.rss_mb[-1][1]
+    return after_warm_up, end, end / after_warm_up - 1
+
+
+def checks(soak: Soak) -> list[tuple[str, bool]]:
+    valid = [o for o in soak.outcomes if o.kind != "bad_request"]
+    bad = [o for o in soak.outcomes if o.kind == "bad_request"]
+    warm, end, growth = rss_growth(soak)
+    server_faults = sum(o.status >= 500 or o.status == 0 for o in soak.outcomes)
+    return [
+        (f"responses with a 5xx or no response: {server_faults}", server_faults == 0),
+        (f"valid requests that failed: {sum(not o.ok for o in valid)} of {len(valid)}", all(o.ok for o in valid)),
+        (f"bad requests without their 4xx: {sum(not o.ok for o in bad)} of {len(bad)}", all(o.ok for o in bad)),
+        (
+            f"RSS after warm-up {warm:.0f} MB, at the end {end:.0f} MB: {growth:+.1%} (at most {MAX_RSS_GROWTH:+.0%})",
+            growth <= MAX_RSS_GROWTH,
+        ),
+        (f"KV blocks in use once idle: {soak.kv_blocks_used_idle:.0f}", soak.kv_blocks_used_idle == 0),
+        ("healthy after the run", soak.healthy_after),
+    ]
+
+
+def write_report(soak: Soak, name: str) -> bool:
+    results = checks(soak)
+    passed = all(ok for _, ok in results)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps({"machine": machine(), **asdict(soak)}, indent=1))
+    by_kind: dict[str, list[Outcome]] = defaultdict(list)
+    for o in soak.outcomes:
+        by_kind[o.kind].append(o)
+    lines = [
+        f"# Soak: {soak.minutes:g} minutes of mixed traffic, SmolLM2-135M-Instruct (fp32), {CLIENTS} clients",
+        "",
+        f"Command: `{' '.join(['.venv/bin/python', *sys.argv])}`. Machine: `{json.dumps(machine())}`.",
+        "",
+        f"**{'PASSED' if passed else 'FAILED'}**",
+        "",
+        *[f"- {'ok' if ok else 'FAILED'}: {text}" for text, ok in results],
+        "",
+        "| kind | requests | succeeded | statuses | median s | p95 s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for kind in KINDS:
+        outcomes = by_kind.get(kind, [])
+        if not outcomes:
+            continue
+        seconds = sorted(o.seconds for o in outcomes)
+        statuses = ", ".join(f"{s}: {n}" for s, n in sorted(Counter(o.status for o in outcomes).items()))
+        lines.append(
+            f"| {kind} | {len(outcomes)} | {sum(o.ok for o in outcomes)} | {statuses} | "
+            f"{statistics.median(seconds):.2f} | {seconds[int(0.95 * (len(seconds) - 1))]:.2f} |"
+        )
+    lines += ["", "Summed RSS of the server's processes (MB), each minute:", ""]
+    minute_marks = [rss for t, rss in soak.rss_mb if int(t) % 60 < 10] or [rss for _, rss in soak.rss_mb]
+    lines.append(", ".join(f"{rss:.0f}" for rss in minute_marks))
+    by_process = ", ".join(f"{k} {v:.0f}" for k, v in soak.rss_by_process_mb.items())
+    lines += ["", f"At the end, by process (MB): {by_process}"]
+    failures = [o for o in soak.outcomes if not o.ok][:10]
+    if failures:
+        lines += ["", "First failures:", ""] + [f"- {o.kind} {o.status}: {o.detail}" for o in failures]
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return passed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=30)
+    args = parser.parse_args()
+    soak = run(args.minutes)
+    name = "soak" if args.minutes == 30 else f"soak-{args.minutes:g}min"
+    sys.exit(0 if write_report(soak, name) else 1)
+
+
+if __name__ == "__main__":
+    main()
