@@ -27,6 +27,7 @@ class PendingResponse:
     final: bool  # Triton's FINAL flag: the request's last response
     wanted: frozenset[str]  # the output names the request asked for
     stream_key: Hashable | None = None  # responses with the same key may be merged; None: never
+    mux: tuple[object, str] | None = None  # (a multiplexed channel's sender, this generation's request id)
 
 
 def merge(earlier: dict[str, np.ndarray], later: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

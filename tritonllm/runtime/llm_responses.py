@@ -16,7 +16,7 @@ import triton_python_backend_utils as pb_utils
 from tritonllm.engine import inference_request
 from tritonllm.engine.logits_processors import matched_word
 from tritonllm.engine.sequence import FinishReason
-from tritonllm.runtime import response_status
+from tritonllm.runtime import multiplex, response_status
 from tritonllm.runtime.coalesce import PendingResponse, coalesce
 from tritonllm.runtime.stream_interval import StreamInterval
 from tritonllm.tokenizer.detokenizer import CONTEXT_TOKENS
@@ -29,7 +29,9 @@ class ResponseQueue:
     """Builds and sends responses on a thread of its own, so the engine thread never waits on Triton's IPC.
 
     One thread, first in first out: a request's responses keep their order and the FINAL one comes last. What
-    has queued up while a send was under way is merged per sequence first (tritonllm.runtime.coalesce).
+    has queued up while a send was under way is merged per sequence first (tritonllm.runtime.coalesce), and the
+    responses of generations on a multiplexed channel go out as one response on it (tritonllm.runtime.multiplex),
+    before their requests' FINAL flags.
     """
 
     def __init__(self) -> None:
@@ -37,9 +39,12 @@ class ResponseQueue:
         self._thread = threading.Thread(target=self._run, name="llm-responses", daemon=True)
         self._thread.start()
 
-    def put(self, sender, wanted: frozenset[str], arrays: dict[str, np.ndarray], final: bool, stream_key=None) -> None:
-        """`wanted`: the output names the request asked for (in the ensemble: the ones its steps map)."""
-        self._queue.put(PendingResponse(sender, arrays, final, wanted, stream_key))
+    def put(
+        self, sender, wanted: frozenset[str], arrays: dict[str, np.ndarray], final: bool, stream_key=None, mux=None
+    ) -> None:
+        """`wanted`: the output names the request asked for (in the ensemble: the ones its steps map); `mux`: the
+        channel's sender and the request's id, for a generation multiplexed on a channel."""
+        self._queue.put(PendingResponse(sender, arrays, final, wanted, stream_key, mux))
 
     def close(self) -> None:
         self._queue.put(None)
@@ -49,17 +54,32 @@ class ResponseQueue:
         closing = False
         while not closing:
             pending, closing = take_queued(self._queue)
+            channels: dict[int, tuple[object, list[multiplex.Row]]] = {}
+            ended = []  # the requests of multiplexed generations that ended: their FINAL flags, after the rows
             for response in coalesce(pending):
-                try:
+                if response.mux is None:
                     arrays = response.arrays
                     if response_status.NAME in response.wanted:
                         arrays = {**arrays, response_status.NAME: response_status.pack(arrays)}
-                    tensors = [pb_utils.Tensor(name, a) for name, a in arrays.items() if name in response.wanted]
-                    response.sender.send(
-                        pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if response.final else 0
-                    )
-                except Exception:
-                    log.exception("could not send a response")
+                    _send(response.sender, {k: a for k, a in arrays.items() if k in response.wanted}, response.final)
+                    continue
+                channel, request_id = response.mux
+                rows = channels.setdefault(id(channel), (channel, []))[1]
+                rows.append(multiplex.Row(request_id, response.arrays, response.final))
+                if response.final:
+                    ended.append(response.sender)
+            for channel, rows in channels.values():
+                _send(channel, multiplex.pack(rows), final=False)
+            for sender in ended:
+                _send(sender, {}, final=True)
+
+
+def _send(sender, arrays: dict[str, np.ndarray], final: bool) -> None:
+    try:
+        tensors = [pb_utils.Tensor(name, a) for name, a in arrays.items()]
+        sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if final else 0)
+    except Exception:
+        log.exception("could not send a response")
 
 
 def take_queued(items: queue.SimpleQueue) -> tuple[list, bool]:
@@ -86,6 +106,7 @@ class Channel:
     wanted: frozenset[str]
     responses: ResponseQueue
     on_finished: Callable[[FinishReason], None]
+    mux: tuple[object, str] | None = None  # a multiplexed channel's sender and the request's id
 
 
 class Responder:
@@ -179,7 +200,8 @@ class Responder:
         self._put(arrays, final=True)
 
     def _put(self, arrays: dict[str, np.ndarray], final: bool, stream_key=None) -> None:
-        self.channel.responses.put(self.channel.sender, self.channel.wanted, arrays, final, stream_key)
+        channel = self.channel
+        channel.responses.put(channel.sender, channel.wanted, arrays, final, stream_key, channel.mux)
 
     def _status(self, out) -> dict[str, np.ndarray]:
         """What every response says of its sequence: how it ended (if it did), its prompt, batch and queue wait."""

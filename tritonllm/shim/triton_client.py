@@ -11,6 +11,7 @@ ends the sequence and frees its KV blocks within one engine step, and the stream
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -23,9 +24,10 @@ import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from .. import errors, request_parameters
-from ..runtime import response_status
+from ..runtime import multiplex, response_status
 from ..runtime.tritonserver import GRPC_API_KEY_HEADER
 from .direct_route import LLM, PREPROCESSING, DirectRoute, Tensor
+from .mux_channel import ChannelClosed, MuxChannel
 
 ENSEMBLE = "ensemble"
 POSTPROCESSING = "postprocessing"
@@ -33,6 +35,9 @@ EMBEDDING = "embedding"
 NUMPY_TYPES = {"BOOL": bool, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32}
 FINISH_GRACE_S = 30.0  # how long an abandoned call may take to end after its stop before it is cancelled
 RECONNECT_MS = 1000
+# how long the last rows of a multiplexed generation may come after its own request ended (they are sent first,
+# but on another stream)
+LATE_ROWS_S = 30.0
 
 
 class TritonRequestError(Exception):
@@ -330,8 +335,15 @@ class TritonLLMClient:
         self._route: DirectRoute | None = None
         self._route_known = not direct
         self._route_lock = asyncio.Lock()
+        self._mux: MuxChannel | None = None
+        self._mux_refused = False  # an llm without multiplexed channels: not asked again
+        self._mux_lock = asyncio.Lock()
 
     async def close(self) -> None:
+        if self._mux is not None and not self._mux.closed:
+            with contextlib.suppress(TritonRequestError, TritonUnavailable):
+                await self.stop(self._mux.id)
+                await asyncio.wait_for(self._mux.closing(), FINISH_GRACE_S)
         if self._background:
             await asyncio.wait(self._background, timeout=FINISH_GRACE_S)
         await self._client.close()
@@ -353,16 +365,24 @@ class TritonLLMClient:
             wanted = list(route.preprocessing_outputs)
             preprocessed = await self._infer(PREPROCESSING, _infer_inputs(route.preprocessing_request(tensors)), wanted)
             llm_inputs = route.llm_request(tensors, [_output(preprocessed, name) for name in wanted])
-            call = self._open(LLM, _infer_inputs(llm_inputs), request.request_id)
+            mux = await self._mux_channel()
+            if mux is not None:
+                llm_inputs.append((multiplex.CHANNEL, "BYTES", _bytes(mux.id)))
+            call = self._open(LLM, _infer_inputs(llm_inputs), request.request_id, late_rows=mux is not None)
+            if mux is not None:
+                mux.listen(request.request_id, call.deliver)
 
             def to_chunk(result) -> Chunk:
-                return Chunk.from_outputs(route.outputs(_all_outputs(result)).__getitem__)
+                outputs = result.arrays if isinstance(result, multiplex.Row) else _all_outputs(result)
+                return Chunk.from_outputs(route.outputs(outputs).__getitem__)
 
         done, finals = False, 0
         try:
             async for result, error in call:
                 if error is not None:
                     raise TritonRequestError(error.message())
+                if not isinstance(result, multiplex.Row) and not result.get_response().outputs:
+                    continue  # a multiplexed generation's own FINAL response
                 chunk = to_chunk(result)
                 finals += bool(chunk.finish_reason)
                 done = finals == request.num_finals
@@ -370,6 +390,8 @@ class TritonLLMClient:
                 if done:
                     return
         finally:
+            if route is not None and self._mux is not None:
+                self._mux.forget(request.request_id)
             if not done:
                 # Not awaited here: this runs while the caller's task is being torn down.
                 self._run_in_background(self._end(call, request.request_id))
@@ -388,6 +410,19 @@ class TritonLLMClient:
                 self._route = DirectRoute.of(config.config, _string(snapshot, "tokenizer_snapshot"))
                 self._route_known = True
         return self._route
+
+    async def _mux_channel(self) -> MuxChannel | None:
+        """The llm's multiplexed channel for this shim's generations, opened at the first and again after it
+        closed (a restarted llm); None where the llm refuses it."""
+        async with self._mux_lock:
+            if (self._mux is None or self._mux.closed) and not self._mux_refused:
+                channel_id = f"mux-{uuid.uuid4().hex}"
+                opening = self._open(LLM, [_infer_input(multiplex.OPEN, "BOOL", np.array([[True]]))], channel_id)
+                channel = MuxChannel(channel_id, opening, _all_outputs)
+                opened = await channel.open()
+                self._mux_refused = channel.refusal is not None
+                self._mux = channel if opened else None
+        return self._mux if self._mux is not None and not self._mux.closed else None
 
     async def embed(self, texts: list[str], instruction: str | None) -> tuple[np.ndarray, np.ndarray]:
         """Each text's vector [rows, dimension] and token count [rows] from the `embedding` model."""
@@ -449,11 +484,12 @@ class TritonLLMClient:
         except (TritonRequestError, TritonUnavailable, TimeoutError):
             call.cancel()  # the server did not end it: the last resort
 
-    def _open(self, model: str, inputs: list, request_id: str) -> Call:
+    def _open(self, model: str, inputs: list, request_id: str, late_rows: bool = False) -> Call:
         async def one_request():
             yield {"model_name": model, "inputs": inputs, "request_id": request_id}
 
-        return Call(self._client.stream_infer(one_request(), headers=self._headers), self._run_in_background)
+        responses = self._client.stream_infer(one_request(), headers=self._headers)
+        return Call(responses, self._run_in_background, late_rows)
 
     def _run_in_background(self, coroutine: Coroutine) -> asyncio.Task:
         """A task referenced until it ends: neither its caller leaving nor the garbage collector cancels it."""
@@ -474,10 +510,16 @@ class Call:
 
     _END = object()
 
-    def __init__(self, responses, run: Callable[[Coroutine], asyncio.Task]) -> None:
+    def __init__(self, responses, run: Callable[[Coroutine], asyncio.Task], late_rows: bool = False) -> None:
+        """`late_rows`: responses may also come from a multiplexed channel (`deliver`), after the stream ended."""
         self._responses = responses
         self._queue: asyncio.Queue = asyncio.Queue()
+        self._late_rows = late_rows
+        self._stream_ended = False
         self.reader = run(self._read())
+
+    def deliver(self, item: multiplex.Row | ChannelClosed) -> None:
+        self._queue.put_nowait(item if isinstance(item, ChannelClosed) else (item, None))
 
     async def _read(self) -> None:
         try:
@@ -495,10 +537,22 @@ class Call:
         return self
 
     async def __anext__(self) -> tuple:
-        item = await self._queue.get()
-        if item is self._END:
-            self._queue.put_nowait(item)  # every later read ends too
-            raise StopAsyncIteration
+        while True:
+            if self._stream_ended:
+                try:
+                    item = await asyncio.wait_for(self._queue.get(), LATE_ROWS_S)
+                except TimeoutError:
+                    raise TritonUnavailable("the llm ended the request, but not all its responses came") from None
+            else:
+                item = await self._queue.get()
+            if item is not self._END:
+                break
+            if not self._late_rows:
+                self._queue.put_nowait(item)  # every later read ends too
+                raise StopAsyncIteration
+            self._stream_ended = True
         if isinstance(item, TritonUnavailable):
             raise item
+        if isinstance(item, ChannelClosed):
+            raise TritonUnavailable(f"Triton stream failed: {item}")
         return item

@@ -4,7 +4,8 @@
 A request with `stop` set cancels the live requests that carry the same Triton request id, which is how
 clients of the ensemble (into whose steps Triton forwards no cancellation) end a generation early. With several
 instances the stop may reach one that does not run the generation, so it is passed on to the others
-(tritonllm/runtime/stop_board.py).
+(tritonllm/runtime/stop_board.py). A client that runs many generations at once may have their responses multiplexed
+onto one channel of its own (tritonllm/runtime/multiplex.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from tritonllm.engine.grammar import GrammarCompiler
 from tritonllm.engine.lora import AdapterCache
 from tritonllm.engine.sequence import samples_of
 from tritonllm.errors import RequestError
-from tritonllm.runtime import gguf
+from tritonllm.runtime import gguf, multiplex
 from tritonllm.runtime.llm_metrics import EngineMetrics
 from tritonllm.runtime.llm_responses import FINAL, Channel, Responder, ResponseQueue, SampleGroup
 from tritonllm.runtime.model_config import ModelParameters, load_tokenizer
@@ -61,6 +62,7 @@ class TritonPythonModel:
         self.stream_interval = config.stream_interval
         self.metrics = EngineMetrics(args["model_instance_name"])
         self.responses = ResponseQueue()
+        self.channels: dict[str, object] = {}  # multiplexed channels by their opening request's id: its sender
         self.thread = EngineThread(
             self.engine,
             on_step=self.metrics.update,
@@ -92,9 +94,16 @@ class TritonPythonModel:
 
             try:
                 if inference_request.is_stop_request(get):
+                    channel = self.channels.pop(request.request_id(), None)
+                    if channel is not None:  # a multiplexed channel's client closes it
+                        channel.send(flags=FINAL)
                     self.thread.cancel(request.request_id())
                     self.stops.tell(request.request_id())
                     sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=FINAL)
+                    continue
+                if inference_request.scalar(get, multiplex.OPEN, False):
+                    self.channels[request.request_id()] = sender
+                    sender.send(pb_utils.InferenceResponse(output_tensors=[]))  # open: generations may name it
                     continue
                 parsed = inference_request.parse(get, vocab, request.timeout(), self.hidden_size)
                 table = parsed.prompt_table
@@ -117,7 +126,11 @@ class TritonPythonModel:
                     for seq in samples:
                         seq.grammar = self.grammars.matcher(*parsed.guide)
                 channel = Channel(
-                    sender, frozenset(request.requested_output_names()), self.responses, self.metrics.finished
+                    sender,
+                    frozenset(request.requested_output_names()),
+                    self.responses,
+                    self.metrics.finished,
+                    self._multiplexed(get, request.request_id(), parsed.params, beams or parsed.draft_tokens),
                 )
                 group, interval = SampleGroup(len(samples)), parsed.stream_interval or self.stream_interval
                 responders = [Responder(channel, parsed, group, StreamInterval(interval), beams) for _ in samples]
@@ -127,6 +140,20 @@ class TritonPythonModel:
             except (ValueError, TypeError) as e:  # RequestError (Overloaded too) is a ValueError
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(errors.to_message(e))), flags=FINAL)
         return None
+
+    def _multiplexed(self, get, request_id: str, params, more_than_tokens) -> tuple[object, str] | None:
+        """The channel the request names, where this instance holds it and the request's responses fit its rows
+        (tokens only: no log-probs, logits, beams or draft counts); else None, and it is answered on its own."""
+        name = inference_request.scalar(get, multiplex.CHANNEL)
+        channel = self.channels.get(name.decode()) if isinstance(name, bytes) else None
+        if channel is None or more_than_tokens or params.return_log_probs or params.top_log_probs:
+            return None
+        if params.wants_prompt_logits or params.return_generation_logits:
+            return None
+        if channel.is_cancelled():  # its client has gone
+            del self.channels[name.decode()]
+            return None
+        return channel, request_id
 
     def _adapter(self, get):
         task_id = inference_request.scalar(get, "lora_task_id")
@@ -149,4 +176,6 @@ class TritonPythonModel:
                 pass
         self.thread.shutdown()
         self.responses.close()
+        for channel in self.channels.values():
+            channel.send(flags=FINAL)
         self.metrics.close()

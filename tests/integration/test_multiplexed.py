@@ -1,0 +1,62 @@
+"""The llm's multiplexed channel (tritonllm/runtime/multiplex.py) as the shim's client uses it: many generations'
+responses as rows of one stream, the same answers as each generation's own stream gives."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from triton_helpers import metric, wait_for
+
+from tritonllm.shim.triton_client import GenerationRequest, TritonLLMClient
+
+STREAMS = 8
+
+
+def _request(i: int, **extra) -> GenerationRequest:
+    return GenerationRequest(
+        max_tokens=10 + 3 * i, text=f"Stream {i} 你好 🙂", temperature=1.0, seed=i, num_samples=1 + i % 2, **extra
+    )
+
+
+async def _answer(client: TritonLLMClient, request: GenerationRequest) -> dict[int, tuple]:
+    """Each sample's joined text, finish reason and token count."""
+    texts: dict[int, str] = {}
+    ends: dict[int, tuple] = {}
+    async for chunk in client.generate(request):
+        texts[chunk.index] = texts.get(chunk.index, "") + chunk.text
+        if chunk.finish_reason:
+            ends[chunk.index] = (chunk.finish_reason, chunk.num_output_tokens)
+    return {i: (texts[i], *ends[i]) for i in sorted(texts)}
+
+
+async def _answers(client: TritonLLMClient, **extra) -> list[dict[int, tuple]]:
+    return await asyncio.wait_for(
+        asyncio.gather(*(_answer(client, _request(i, **extra)) for i in range(STREAMS))), timeout=120
+    )
+
+
+@pytest.mark.asyncio
+async def test_concurrent_generations_on_the_channel_equal_their_own_streams(triton, pytestconfig):
+    # with several llm instances, the generations Triton hands to another than the channel's come on their own
+    one_instance = pytestconfig.getoption("--llm-instances") == 1
+    muxed, alone = TritonLLMClient(triton.grpc_url), TritonLLMClient(triton.grpc_url, direct=False)
+    try:
+        through_channel = await _answers(muxed)
+        channel = muxed._mux
+        assert channel is not None and not channel.closed
+        # every sample's every response came as a row, and rows of several generations shared a response
+        if one_instance:
+            assert channel.rows >= sum(len(a) for a in through_channel)
+            assert channel.rows > channel.responses
+        through_ensemble = await _answers(alone)
+        rows_before = channel.rows
+        with_log_probs = await _answers(muxed, logprobs=True)  # not rows: answered on their own streams
+        assert channel.rows == rows_before
+    finally:
+        await muxed.close()
+        await alone.close()
+    assert through_channel == through_ensemble
+    assert with_log_probs == through_ensemble
+    assert channel.closed  # close() closed it with a stop request, as the llm's FINAL response
+    assert wait_for(lambda: metric(triton, "tritonllm_kv_blocks_used") == 0, timeout=30)
