@@ -12,7 +12,10 @@ fails:
     streamed);
   - every bad request gets its own 4xx;
   - the summed RSS of the server's processes at the end within 10% of what it was after the warm-up (the first
-    fifth of the run, at most 5 minutes);
+    fifth of the run, at most 5 minutes). The llm maps its KV pool lazily: a page costs memory once a block on it
+    is first written, and the prefix cache reuses freed blocks oldest first, so a busy server's pool fills in over
+    hours. So before the traffic, distinct prompts as long as the whole pool are prefilled once, and the pool is
+    resident from the start, as it would be after a busy hour;
   - KV blocks in use back to 0 within 30 s of the last request, and the server healthy.
 """
 
@@ -37,6 +40,7 @@ from run import RESULTS, machine
 from serving_cost import process_name
 
 CLIENTS = 8
+FILL_PROMPT_TOKENS = 4000  # the KV pool is filled with prompts of this length
 MAX_RSS_GROWTH = 0.10
 MB = 2**20
 WEATHER = {
@@ -222,6 +226,32 @@ def kv_blocks_used(metrics_port: int) -> float:
     return sum(values)
 
 
+def kv_pool_tokens(metrics_port: int) -> int:
+    """The llm's KV pool in tokens: its blocks (used and free) of 16 tokens, from its metrics."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    blocks = sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith(("tritonllm_kv_blocks_used{", "tritonllm_kv_blocks_free{"))
+    )
+    if not blocks:
+        raise RuntimeError("the llm's metrics show no KV blocks")
+    return int(blocks) * 16
+
+
+async def fill_kv_pool(base_url: str, tokens: int) -> None:
+    """Prefills distinct random prompts that together need every block of the pool, two at a time."""
+    rng = random.Random(-1)
+    prompts = [
+        [rng.randrange(100, 40000) for _ in range(FILL_PROMPT_TOKENS)] for _ in range(tokens // FILL_PROMPT_TOKENS + 2)
+    ]
+    async with httpx.AsyncClient(base_url=base_url, timeout=600) as http:
+        for pair in range(0, len(prompts), 2):
+            bodies = [{"model": MODEL.name, "prompt": p, "max_tokens": 1} for p in prompts[pair : pair + 2]]
+            for response in await asyncio.gather(*(http.post("/v1/completions", json=b) for b in bodies)):
+                response.raise_for_status()
+
+
 def run(minutes: float) -> Soak:
     soak = Soak(minutes)
     metrics_port = free_port()
@@ -229,6 +259,7 @@ def run(minutes: float) -> Soak:
     try:
 
         async def main() -> None:
+            await fill_kv_pool(f"http://127.0.0.1:{shim_port}", kv_pool_tokens(metrics_port))
             stop, started = asyncio.Event(), time.monotonic()
             sampler = asyncio.create_task(sample_rss(server, soak, started, stop))
             await traffic(f"http://127.0.0.1:{shim_port}", minutes * 60, soak)

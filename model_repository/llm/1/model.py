@@ -61,6 +61,7 @@ class TritonPythonModel:
         self.adapters = AdapterCache(config.lora_cache_size, self.shared / "lora")
         self.stream_interval = config.stream_interval
         self.metrics = EngineMetrics(args["model_instance_name"])
+        self.metrics.update(self.engine)  # the pool's size, before any step
         self.responses = ResponseQueue()
         self.channels: dict[str, object] = {}  # multiplexed channels by their opening request's id: its sender
         self.thread = EngineThread(
