@@ -21,7 +21,11 @@ def child_named(pid: int, fragment: str) -> psutil.Process:
 
 @pytest.mark.parametrize(
     ("victim", "reason", "noticed_within_s"),
-    [("tritonserver", "tritonserver (exit code", 5), ("llm/1/model.py", "llm model's process died", 10)],
+    [
+        ("tritonserver", ("tritonserver (exit code",), 5),
+        # tritonserver 2.51 itself may abort when a stub dies holding their shared lock (boost's lock_exception)
+        ("llm/1/model.py", ("llm model's process died", "tritonserver (exit code"), 10),
+    ],
     ids=["tritonserver", "llm-stub"],
 )
 def test_a_part_killed_mid_stream(tiny_model_dir, tmp_path, victim, reason, noticed_within_s):
@@ -41,7 +45,7 @@ def test_a_part_killed_mid_stream(tiny_model_dir, tmp_path, victim, reason, noti
             assert time.monotonic() - killed < 30  # the stream ends, it does not hang
         assert "error" in rest[-1], rest[-1:]
         assert httpx.get(f"{shim}/health").status_code == 503
-        restarting = lambda: reason in httpx.get(f"{shim}/health").json().get("reason", "")  # noqa: E731
+        restarting = lambda: any(r in httpx.get(f"{shim}/health").json().get("reason", "") for r in reason)  # noqa: E731
         assert wait_for(restarting, timeout=noticed_within_s)  # the supervisor looks every second
         refused = httpx.post(f"{shim}/v1/completions", json={**body, "stream": False, "max_tokens": 2}, timeout=30)
         assert refused.status_code == 503 and "restarting" in refused.json()["error"]["message"]

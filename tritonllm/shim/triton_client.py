@@ -482,7 +482,11 @@ class TritonLLMClient:
             await self.stop(request_id)
             await asyncio.wait_for(asyncio.shield(call.reader), FINISH_GRACE_S)
         except (TritonRequestError, TritonUnavailable, TimeoutError):
-            call.cancel()  # the server did not end it: the last resort
+            # The server did not end it: cancelling is the last resort, but not when the multiplexed channel broke,
+            # which means the llm's process died: its calls end when the server is restarted, and a cancel that
+            # meets their error responses can crash tritonserver 2.51 (see the module's docstring).
+            if not call.channel_failed:
+                call.cancel()
 
     def _open(self, model: str, inputs: list, request_id: str, late_rows: bool = False) -> Call:
         async def one_request():
@@ -516,9 +520,11 @@ class Call:
         self._queue: asyncio.Queue = asyncio.Queue()
         self._late_rows = late_rows
         self._stream_ended = False
+        self.channel_failed = False  # the multiplexed channel ended before this generation did
         self.reader = run(self._read())
 
     def deliver(self, item: multiplex.Row | ChannelClosed) -> None:
+        self.channel_failed = self.channel_failed or isinstance(item, ChannelClosed)
         self._queue.put_nowait(item if isinstance(item, ChannelClosed) else (item, None))
 
     async def _read(self) -> None:
