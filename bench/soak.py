@@ -309,7 +309,14 @@ def write_report(soak: Soak, name: str) -> bool:
     results = checks(soak)
     passed = all(ok for _, ok in results)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps({"machine": machine(), **asdict(soak)}, indent=1))
+    # every request's outcome stays out (a 30-minute run has some 12,000): counts by kind and status, and failures
+    summary = {k: v for k, v in asdict(soak).items() if k != "outcomes"}
+    summary["requests"] = {
+        kind: dict(Counter(str(o.status) for o in soak.outcomes if o.kind == kind)) for kind in KINDS
+    }
+    summary["failures"] = [asdict(o) for o in soak.outcomes if not o.ok]
+    summary["checks"] = [{"check": text, "ok": ok} for text, ok in results]
+    (RESULTS / f"{name}.json").write_text(json.dumps({"machine": machine(), **summary}, indent=1))
     by_kind: dict[str, list[Outcome]] = defaultdict(list)
     for o in soak.outcomes:
         by_kind[o.kind].append(o)
