@@ -30,7 +30,6 @@ PROBE_TOKENS = 40  # crosses the windows of the test models; real windows are co
 # Largest logit difference from eager attention, as a fraction of the largest logit: float32 differs only in
 # summation order; half precision rounds every op.
 TOLERANCE = {torch.float32: 1e-3, torch.float16: 5e-2, torch.bfloat16: 5e-2}
-INT8_TOLERANCE = 5e-2  # 8-bit inputs to the quantized layers (int8_activations) round as half precision does
 
 
 class UnsupportedModelError(ValueError):
@@ -72,7 +71,7 @@ def check_against_eager(runner: ModelRunner) -> None:
         named = ", ".join(f"{name} (layers {sorted(layers)})" for name, layers in sorted(probe.unsupported.items()))
         raise UnsupportedModelError(f"attention arguments the paged attention does not implement: {named}")
     difference = (paged - eager).abs().max().item()
-    allowed = (INT8_TOLERANCE if runner.int8_activations else TOLERANCE[runner.dtype]) * eager.abs().max().item()
+    allowed = TOLERANCE[runner.dtype] * eager.abs().max().item()
     if not difference <= allowed:
         raise UnsupportedModelError(
             f"the paged attention's logits differ from transformers' eager attention by {difference:.3g} "

@@ -138,7 +138,6 @@ class ModelRunner:
             self.lora = lora.install(self.model) if enable_lora else None
         copied = weight_memory.copy_out_of_files(self.model)
         log.info("weights: %.0f MiB copied out of the checkpoint's mapping", copied / 2**20)
-        # some layers multiply 8-bit inputs: the model check allows for it
         self.int8_activations = int8_activations and self.quantized_layers > 0
         if int8_activations and not self.int8_activations:
             log.info("int8_activations: no layer keeps GGUF blocks here, so every input stays float32")
@@ -147,9 +146,12 @@ class ModelRunner:
         self.blocks = blocks
         if place is None:  # the engine's process checks the model whole, before any split
             self.cache = self._allocate_cache()
-            if world == 1 and native:
-                self._use_decoder_stack()
-            model_check.check_against_eager(self)
+            with quantized_linear.float_inputs(self.model):
+                if world == 1 and native:
+                    self._use_decoder_stack()
+                model_check.check_against_eager(self)
+            if self.int8_activations and self.decoder_stack is not None:
+                self._use_decoder_stack()  # checked, now built again with the 8-bit inputs it serves with
         if world > 1:
             self._split(place or tensor_parallel.Place(0, world, 0), model_dir, dtype)
         weight_memory.return_freed_heap()
