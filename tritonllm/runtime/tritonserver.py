@@ -295,6 +295,12 @@ class TritonServer:
     def _log_hint(self) -> str:
         return f"; see {self.log_file}" if self.log_file else ""
 
+    def stubs_of(self, model: str) -> list[int]:
+        """The process ids of the Python stubs that serve `model` now."""
+        if self.process is None or self.process.poll() is not None:
+            return []
+        return [pid for pid in _children(self.process.pid) if _stub_model(pid) == model]
+
     def dead_parts(self) -> list[str]:
         """What of the running server has died: the server itself, or the Python stubs (by model) it had
         started when it got ready; empty while everything lives (or nothing was started)."""

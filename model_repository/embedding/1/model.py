@@ -2,6 +2,11 @@
 
 A request with a text over the model's token limit gets an error naming the row; the other requests of the
 batch are answered.
+
+The model itself (torch, transformers, the weights: some 350 MB and 5 CPU seconds of a server's start) is
+loaded by the first request, not at load, unless the parameter `load_on_first_request` is "false": a server that
+serves no embeddings pays for none. The load still checks the folder's pipeline, so a model this embedder cannot
+compute fails the load, naming why.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from tritonllm import errors
-from tritonllm.embedding import InputTooLong, SentenceEmbedder
+from tritonllm.embedding import InputTooLong, SentenceEmbedder, embedding_model_dir, pipeline_of
 from tritonllm.runtime.model_config import ModelParameters, strings
 
 
@@ -25,9 +30,15 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         params = ModelParameters(args)
         configured = params.get("model_dir", "")
-        self.embedder = SentenceEmbedder(params.path(configured) if configured else None)
+        self.model_dir = embedding_model_dir(params.path(configured) if configured else None)
+        pipeline_of(self.model_dir)
+        self.embedder: SentenceEmbedder | None = None
+        if not params.bool("load_on_first_request", True):
+            self.embedder = SentenceEmbedder(self.model_dir)
 
     def execute(self, requests: list) -> list:
+        if self.embedder is None:
+            self.embedder = SentenceEmbedder(self.model_dir)
         prepared: list[tuple[list[str], list[int]] | pb_utils.TritonError] = []
         for request in requests:
             try:
