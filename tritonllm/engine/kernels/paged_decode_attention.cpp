@@ -98,46 +98,42 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   const float fscale = static_cast<float>(scale), fsoftcap = static_cast<float>(softcap);
   const int64_t position_stride = kv_heads * dim;
 
-  // One sequence: the cache holds all heads of a position side by side, so keys are read position by position
-  // with every head at once, and values block by block, each read front to back exactly once.
-  auto attend = [&](int64_t b, std::vector<float>& scores, std::vector<float>& totals) {
+  // One query head of one sequence: its scores over the context, their softmax, then the values' weighted sum,
+  // read block by block front to back. A work item is a head, not a sequence, so that one sequence's decode
+  // (a request alone) spreads over every thread instead of leaving all but one waiting at the barrier.
+  auto attend = [&](int64_t b, int64_t h, std::vector<float>& scores) {
     const int64_t len = lens[b];
     const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0, seen = len - first;
-    const float* query = qp + b * q_heads * dim;
+    const float* query = qp + (b * q_heads + h) * dim;
     const int64_t* table = tables + b * max_blocks;
-    scores.resize(q_heads * seen);
+    const int64_t head_offset = (h / group) * dim;
+    scores.resize(seen);
     for (int64_t pos = first; pos < len; ++pos) {
-      const float* keys = kp + (table[pos / block_size] * block_size + pos % block_size) * position_stride;
-      for (int64_t h = 0; h < q_heads; ++h) {
-        float score = dot(query + h * dim, keys + (h / group) * dim, dim) * fscale;
-        if (fsoftcap > 0.f) score = fsoftcap * std::tanh(score / fsoftcap);
-        scores[h * seen + pos - first] = score;
-      }
+      const float* key = kp + (table[pos / block_size] * block_size + pos % block_size) * position_stride + head_offset;
+      float score = dot(query, key, dim) * fscale;
+      if (fsoftcap > 0.f) score = fsoftcap * std::tanh(score / fsoftcap);
+      scores[pos - first] = score;
     }
-    totals.resize(q_heads);
-    for (int64_t h = 0; h < q_heads; ++h) totals[h] = exp_shifted(scores.data() + h * seen, seen);
-    float* result = op + b * q_heads * dim;
+    const float total = exp_shifted(scores.data(), seen);
+    float* result = op + (b * q_heads + h) * dim;
     // Runs of positions that lie in one block; the first may start mid-block when a window cuts the context.
     for (int64_t start = first; start < len;) {
       const int64_t offset = start % block_size, count = std::min(block_size - offset, len - start);
-      const float* values = vp + (table[start / block_size] * block_size + offset) * position_stride;
-      for (int64_t h = 0; h < q_heads; ++h)
-        accumulate(result + h * dim, scores.data() + h * seen + start - first, values + (h / group) * dim, count,
-                   position_stride, dim);
+      const float* values = vp + (table[start / block_size] * block_size + offset) * position_stride + head_offset;
+      accumulate(result, scores.data() + start - first, values, count, position_stride, dim);
       start += count;
     }
-    for (int64_t h = 0; h < q_heads; ++h) {
-      const float inverse = 1.f / totals[h];
-      for (int64_t d = 0; d < dim; ++d) result[h * dim + d] *= inverse;
-    }
+    const float inverse = 1.f / total;
+    for (int64_t d = 0; d < dim; ++d) result[d] *= inverse;
   };
 
-  // Sequences are taken one at a time from a shared counter rather than split in fixed halves: when another
-  // process preempts one thread, the others take over its share instead of waiting for it.
+  // Heads are taken one at a time from a shared counter rather than split in fixed halves: when another process
+  // preempts one thread, the others take over its share instead of waiting for it.
   std::atomic<int64_t> next{0};
+  const int64_t items = batch * q_heads;
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    std::vector<float> scores, totals;  // scratch reused across this thread's sequences
-    for (int64_t b = next++; b < batch; b = next++) attend(b, scores, totals);
+    std::vector<float> scores;  // scratch reused across this thread's heads
+    for (int64_t item = next++; item < items; item = next++) attend(item / q_heads, item % q_heads, scores);
   });
   return out;
 }
