@@ -90,6 +90,24 @@ void for_each_row(const BlockWeight& weight, const F& f) {
   });
 }
 
+// Calls group(ns) with COLS row indices at a time, one from each of COLS equal parts of a chunk, and single(n) for
+// the rows left over, chunk by chunk as for_each_chunk hands them out. A kernel that reads the COLS rows side by
+// side reads COLS streams from memory at once: a decode step's weights come from DRAM, and one stream of
+// consecutive rows (a row at a time, or a few neighbours) left a 2-core Intel Xeon's cores waiting on it: SmolLM2's
+// Q8_0 output layer took 2.2-2.5 ms so, 1.5 ms as 8 streams (0.9 ms from the cache, either way).
+template <int COLS, typename G, typename S>
+void for_each_row_group(const BlockWeight& weight, const G& group, const S& single) {
+  for_each_chunk(weight, [&](int64_t first, int64_t last) {
+    const int64_t part = (last - first) / COLS;
+    int64_t ns[COLS];
+    for (int64_t i = 0; i < part; ++i) {
+      for (int c = 0; c < COLS; ++c) ns[c] = first + c * part + i;
+      group(ns);
+    }
+    for (int64_t n = first + COLS * part; n < last; ++n) single(n);
+  });
+}
+
 #if defined(__AVX2__) && defined(__FMA__)
 
 inline float sum_lanes(__m256 v) {
