@@ -91,8 +91,8 @@ void few_rows_times_weight_row(const float* x, int64_t x_stride, const float*, c
   rows_times_weight_row<ROWS>(x, x_stride, row, scales, mins, bits, blocks, out, out_stride);
 }
 
-// One input row against COLS weight rows ns[0..COLS) (for_each_row_group's), each output summed exactly as
-// rows_times_weight_row<1> sums it.
+// One input row against COLS weight rows ns[0..COLS) (weight_rows::for_each_row_group's), each output summed exactly
+// as rows_times_weight_row<1> sums it.
 constexpr int kStreams = 8;
 template <int COLS>
 void row_times_weight_rows(const float* x, const float*, const weight_rows::BlockWeight& weight, const int64_t* ns,
@@ -321,7 +321,7 @@ torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Te
 #ifdef ROW_STREAMS
   if (rows == 1) {  // one sequence's decode
     weight_rows::for_each_row_group<kStreams>(
-        weight, [&](const int64_t* ns) { row_times_weight_rows<kStreams>(xp, few_sums.data(), weight, ns, op); },
+        out_features, weight_rows::kSmallestChunk, [&](const int64_t* ns) { row_times_weight_rows<kStreams>(xp, few_sums.data(), weight, ns, op); },
         [&](int64_t n) { row_times_weight_rows<1>(xp, few_sums.data(), weight, &n, op); });
     return out;
   }

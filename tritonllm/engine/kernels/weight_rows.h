@@ -76,10 +76,11 @@ void guided_chunks(int64_t count, int64_t smallest, int64_t largest, const F& f)
 }
 
 // The weight's rows in guided chunks of at least 16 (at most `largest`).
+constexpr int64_t kSmallestChunk = 16;
+
 template <typename F>
 void for_each_chunk(const BlockWeight& weight, const F& f, int64_t largest = INT64_MAX) {
-  constexpr int64_t kSmallest = 16;
-  guided_chunks(weight.out_features, kSmallest, std::max(largest, kSmallest), f);
+  guided_chunks(weight.out_features, kSmallestChunk, std::max(largest, kSmallestChunk), f);
 }
 
 // Calls f(n, row n) for every row of the weight, chunk by chunk as for_each_chunk hands them out.
@@ -91,13 +92,13 @@ void for_each_row(const BlockWeight& weight, const F& f) {
 }
 
 // Calls group(ns) with COLS row indices at a time, one from each of COLS equal parts of a chunk, and single(n) for
-// the rows left over, chunk by chunk as for_each_chunk hands them out. A kernel that reads the COLS rows side by
-// side reads COLS streams from memory at once: a decode step's weights come from DRAM, and one stream of
-// consecutive rows (a row at a time, or a few neighbours) left a 2-core Intel Xeon's cores waiting on it: SmolLM2's
-// Q8_0 output layer took 2.2-2.5 ms so, 1.5 ms as 8 streams (0.9 ms from the cache, either way).
+// the rows left over, over rows [0, count) in guided chunks of at least `smallest`. A kernel that reads the COLS
+// rows side by side reads COLS streams from memory at once: a decode step's weights come from DRAM, and one stream
+// of consecutive rows (a row at a time, or a few neighbours) left a 2-core Intel Xeon's cores waiting on it:
+// SmolLM2's Q8_0 output layer took 2.2-2.5 ms so, 1.5 ms as 8 streams (0.9 ms from the cache, either way).
 template <int COLS, typename G, typename S>
-void for_each_row_group(const BlockWeight& weight, const G& group, const S& single) {
-  for_each_chunk(weight, [&](int64_t first, int64_t last) {
+void for_each_row_group(int64_t count, int64_t smallest, const G& group, const S& single) {
+  guided_chunks(count, smallest, INT64_MAX, [&](int64_t first, int64_t last) {
     const int64_t part = (last - first) / COLS;
     int64_t ns[COLS];
     for (int64_t i = 0; i < part; ++i) {
