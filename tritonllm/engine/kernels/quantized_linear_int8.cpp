@@ -133,6 +133,33 @@ void rows_times_weight_row(const Int8Rows& x, int64_t first_row, int64_t blocks,
   }
 }
 
+// The first input row against COLS weight rows ns[0..COLS) (weight_rows::for_each_row_group: COLS streams from
+// memory at once), each output summed exactly as rows_times_weight_row<1> sums it.
+constexpr int kStreams = 4;
+template <int COLS>
+void row_times_weight_rows(const Int8Rows& x, int64_t blocks, const weight_rows::BlockWeight& weight, const int64_t* ns,
+                           float* out) {
+  __m256 acc[2][COLS];
+  weight_rows::BlockWeight::Row rows[COLS];
+  for (int c = 0; c < COLS; ++c) {
+    acc[0][c] = acc[1][c] = _mm256_setzero_ps();
+    rows[c] = weight.row(ns[c]);
+  }
+  int64_t b = 0;
+  for (; b + 2 <= blocks; b += 2)
+    for (int j = 0; j < 2; ++j)
+      for (int c = 0; c < COLS; ++c)
+        add_block<1>(x, 0, blocks, rows[c].bytes, rows[c].scales, weight.bits, b + j, &acc[j][c]);
+  if (b < blocks)
+    for (int c = 0; c < COLS; ++c) add_block<1>(x, 0, blocks, rows[c].bytes, rows[c].scales, weight.bits, b, &acc[0][c]);
+  for (int c = 0; c < COLS; ++c) {
+    __m256 total = _mm256_add_ps(acc[0][c], acc[1][c]);
+    if (rows[c].mins) total = _mm256_add_ps(total, partial_dot(rows[c].mins, x.scaled_sums.data(), blocks));
+    out[ns[c]] = sum_lanes(total);
+  }
+}
+#define ROW_STREAMS
+
 #else
 
 template <int ROWS>
@@ -173,6 +200,15 @@ torch::Tensor quantized_linear_int8(torch::Tensor x, torch::Tensor qweight, torc
   const Int8Rows xq = quantize_rows(x.data_ptr<float>(), rows, in_features);
   auto out = torch::empty({rows, out_features}, x.options());
   float* op = out.data_ptr<float>();
+#ifdef ROW_STREAMS
+  if (rows == 1) {  // one sequence's decode
+    weight_rows::for_each_row_group<kStreams>(
+        out_features, weight_rows::kSmallestChunk,
+        [&](const int64_t* ns) { row_times_weight_rows<kStreams>(xq, blocks, weight, ns, op); },
+        [&](int64_t n) { row_times_weight_rows<1>(xq, blocks, weight, &n, op); });
+    return out;
+  }
+#endif
   weight_rows::for_each_row(weight, [&](int64_t n, const weight_rows::BlockWeight::Row& w) {
     int64_t m = 0;
     for (; m + 8 <= rows; m += 8)
