@@ -88,9 +88,14 @@ def test_waiting_requests_are_admitted_by_priority_then_arrival(tiny_model_dir):
 
 def test_an_expired_request_ends_with_timeout_and_frees_its_blocks(tiny_model_dir):
     engine = make_engine(tiny_model_dir)
-    late = Sequence([5, 6, 7], SamplingParams(max_tokens=500), deadline=time.monotonic() + 0.2)
+    late = Sequence([5, 6, 7], SamplingParams(max_tokens=500), deadline=time.monotonic() + 600)
     on_time = Sequence([5, 6, 8], SamplingParams(max_tokens=10), deadline=time.monotonic() + 600)
-    run(engine, [late, on_time])
+    engine.add(late)
+    for _ in range(3):
+        engine.step()
+    # its deadline passes mid-generation, whatever the machine's speed (a 0.2 s deadline did not, on a fast one)
+    late.deadline = time.monotonic()
+    run(engine, [on_time])
     assert late.finish_reason is FinishReason.TIMEOUT and 0 < late.num_output_tokens < 500
     assert on_time.finish_reason is FinishReason.LENGTH
     assert engine.blocks.num_free == engine.blocks.num_blocks
