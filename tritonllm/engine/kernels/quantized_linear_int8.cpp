@@ -151,7 +151,8 @@ void row_times_weight_rows(const Int8Rows& x, int64_t blocks, const weight_rows:
       for (int c = 0; c < COLS; ++c)
         add_block<1>(x, 0, blocks, rows[c].bytes, rows[c].scales, weight.bits, b + j, &acc[j][c]);
   if (b < blocks)
-    for (int c = 0; c < COLS; ++c) add_block<1>(x, 0, blocks, rows[c].bytes, rows[c].scales, weight.bits, b, &acc[0][c]);
+    for (int c = 0; c < COLS; ++c)
+      add_block<1>(x, 0, blocks, rows[c].bytes, rows[c].scales, weight.bits, b, &acc[0][c]);
   for (int c = 0; c < COLS; ++c) {
     __m256 total = _mm256_add_ps(acc[0][c], acc[1][c]);
     if (rows[c].mins) total = _mm256_add_ps(total, partial_dot(rows[c].mins, x.scaled_sums.data(), blocks));
