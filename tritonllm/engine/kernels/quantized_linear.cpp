@@ -320,11 +320,10 @@ torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Te
   }
 #ifdef ROW_STREAMS
   if (rows == 1) {  // one sequence's decode
-    const float* sums = few_sums.data();
-    weight_rows::for_each_row_group<kStreams>(
-        out_features, weight_rows::kSmallestChunk,
-        [&](const int64_t* ns) { row_times_weight_rows<kStreams>(xp, sums, weight, ns, op); },
-        [&](int64_t n) { row_times_weight_rows<1>(xp, sums, weight, &n, op); });
+    const auto kernel = [&](auto cols, const int64_t* ns) {
+      row_times_weight_rows<cols()>(xp, few_sums.data(), weight, ns, op);
+    };
+    weight_rows::for_each_row_group<kStreams>(out_features, weight_rows::kSmallestChunk, kernel);
     return out;
   }
 #endif

@@ -203,10 +203,10 @@ torch::Tensor quantized_linear_int8(torch::Tensor x, torch::Tensor qweight, torc
   float* op = out.data_ptr<float>();
 #ifdef ROW_STREAMS
   if (rows == 1) {  // one sequence's decode
-    weight_rows::for_each_row_group<kStreams>(
-        out_features, weight_rows::kSmallestChunk,
-        [&](const int64_t* ns) { row_times_weight_rows<kStreams>(xq, blocks, weight, ns, op); },
-        [&](int64_t n) { row_times_weight_rows<1>(xq, blocks, weight, &n, op); });
+    const auto kernel = [&](auto cols, const int64_t* ns) {
+      row_times_weight_rows<cols()>(xq, blocks, weight, ns, op);
+    };
+    weight_rows::for_each_row_group<kStreams>(out_features, weight_rows::kSmallestChunk, kernel);
     return out;
   }
 #endif

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 namespace weight_rows {
 
@@ -91,21 +92,22 @@ void for_each_row(const BlockWeight& weight, const F& f) {
   });
 }
 
-// Calls group(ns) with COLS row indices at a time, one from each of COLS equal parts of a chunk, and single(n) for
-// the rows left over, over rows [0, count) in guided chunks of at least `smallest`. A kernel that reads the COLS
-// rows side by side reads COLS streams from memory at once: a decode step's weights come from DRAM, and one stream
-// of consecutive rows (a row at a time, or a few neighbours) left a 2-core Intel Xeon's cores waiting on it:
+// Calls f(cols, ns) over rows [0, count) in guided chunks of at least `smallest`: with cols = COLS (an
+// std::integral_constant, for the kernel's template argument) and COLS row indices ns, one from each of COLS equal
+// parts of a chunk, and with cols = 1 and one index for the rows left over. A kernel that reads the COLS rows side
+// by side reads COLS streams from memory at once: a decode step's weights come from DRAM, and one stream of
+// consecutive rows (a row at a time, or a few neighbours) left a 2-core Intel Xeon's cores waiting on it:
 // SmolLM2's Q8_0 output layer took 2.2-2.5 ms so, 1.5 ms as 8 streams (0.9 ms from the cache, either way).
-template <int COLS, typename G, typename S>
-void for_each_row_group(int64_t count, int64_t smallest, const G& group, const S& single) {
+template <int COLS, typename F>
+void for_each_row_group(int64_t count, int64_t smallest, const F& f) {
   guided_chunks(count, smallest, INT64_MAX, [&](int64_t first, int64_t last) {
     const int64_t part = (last - first) / COLS;
     int64_t ns[COLS];
     for (int64_t i = 0; i < part; ++i) {
       for (int c = 0; c < COLS; ++c) ns[c] = first + c * part + i;
-      group(ns);
+      f(std::integral_constant<int, COLS>{}, ns);
     }
-    for (int64_t n = first + COLS * part; n < last; ++n) single(n);
+    for (int64_t n = first + COLS * part; n < last; ++n) f(std::integral_constant<int, 1>{}, &n);
   });
 }
 
