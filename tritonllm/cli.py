@@ -14,6 +14,7 @@ from pathlib import Path
 from .embedding import EMBEDDING_MODEL_DIR_ENV
 from .engine.config import OVERRIDES_ENV, EngineConfig, kind_of
 from .runtime.model_config import MODEL_DIR_ENV, TOOL_CALL_PARSER_ENV
+from .tokenizer import reasoning
 from .tokenizer.tool_calls import FORMATS, resolve_format_of
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -104,6 +105,7 @@ def serve(args: argparse.Namespace) -> int:
     if not args.no_shim:
         early = ThreadPoolExecutor(1)
         tool_format = early.submit(lambda: resolve_format_of(args.tool_call_parser, model_dir).name)
+        thinking = early.submit(lambda: reasoning.resolve_format_of(args.reasoning_parser, model_dir))
         early.submit(_import_shim)
 
     server = TritonServer(
@@ -137,8 +139,9 @@ def serve(args: argparse.Namespace) -> int:
         if args.no_shim:
             supervisor.wait()  # until Ctrl-C or SIGTERM; a server that dies is restarted meanwhile
             return 0
-        parser = tool_format.result()
-        _progress(f"tool calls in the {parser} format")
+        parser, thinking_format = tool_format.result(), thinking.result()
+        reasoning_parser = thinking_format.name if thinking_format else reasoning.NONE
+        _progress(f"tool calls in the {parser} format; reasoning parser: {reasoning_parser}")
         settings = ShimSettings(
             triton_grpc_url=server.grpc_url,
             served_model_name=args.served_model_name or (given.stem if gguf.is_gguf(given) else given.name),
@@ -146,6 +149,8 @@ def serve(args: argparse.Namespace) -> int:
             default_max_tokens=args.default_max_tokens,
             full_text_enabled=args.full_text,
             tool_call_parser=parser,
+            reasoning_parser=reasoning_parser,
+            trust_request_chat_template=args.trust_request_chat_template,
             strict_request_fields=args.strict_request_fields,
             api_key=args.api_key,
             through_ensemble=args.through_ensemble,
@@ -184,6 +189,8 @@ def shim(args: argparse.Namespace) -> int:
         default_max_tokens=args.default_max_tokens,
         full_text_enabled=args.full_text,
         tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
+        trust_request_chat_template=args.trust_request_chat_template,
         strict_request_fields=args.strict_request_fields,
         api_key=args.api_key,
         through_ensemble=args.through_ensemble,
@@ -271,6 +278,12 @@ def _add_access_options(p: argparse.ArgumentParser) -> None:
         "it and name it in a Warning header, as vLLM does)",
     )
     p.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="let a chat request bring its own chat_template (rendered in Jinja's sandbox, as vLLM's flag of the "
+        "same name); without it such a request is a 400",
+    )
+    p.add_argument(
         "--through-ensemble",
         action="store_true",
         default=os.environ.get(THROUGH_ENSEMBLE_ENV) == "1",
@@ -355,6 +368,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="how the model writes tool calls (default: detected from its chat template)",
     )
     p.add_argument(
+        "--reasoning-parser",
+        default="auto",
+        choices=["auto", reasoning.NONE, *reasoning.FORMATS],
+        help="how the model's thinking is told from its answer (reasoning_content): detected from its chat "
+        "template by default; none: all of it is content",
+    )
+    p.add_argument(
         "--llm-instances",
         type=int,
         default=1,
@@ -384,6 +404,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="json",
         choices=list(FORMATS),
         help="how the model writes tool calls; must match Triton's (`serve` prints the one it detects)",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        default=reasoning.NONE,
+        choices=[reasoning.NONE, *reasoning.FORMATS],
+        help="how the model's thinking is told from its answer (`serve` prints the one it detects)",
     )
     _add_access_options(p)
     p.set_defaults(func=shim)

@@ -124,9 +124,10 @@ def test_guided_fields_constrain_chat_and_completions(openai_client, tokenizer, 
         ({"min_p": 1.5}, "min_p"),
         ({"min_tokens": -1}, "min_tokens"),
         ({"priority": 6}, "priority"),
-        ({"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
-        ({"chat_template": "{{ messages }}"}, "chat_template"),
-        ({"continue_final_message": True}, "continue_final_message"),
+        ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs.messages"),
+        ({"chat_template_kwargs": ["not", "an", "object"]}, "chat_template_kwargs"),
+        ({"chat_template": "{{ messages }}"}, "chat_template"),  # the server does not trust requests' templates
+        ({"continue_final_message": True, "add_generation_prompt": True}, "continue_final_message"),
         ({"return_tokens_as_token_ids": True}, "return_tokens_as_token_ids"),
     ],
 )
@@ -147,3 +148,48 @@ def test_priority_and_the_fields_that_change_nothing_here_are_taken(openai_clien
         extra_body={"priority": priority, "spaces_between_special_tokens": False, "chat_template_kwargs": {}},
     )
     assert taken.choices[0].message.content == plain.choices[0].message.content
+
+
+CONTINUED = [{"role": "user", "content": "Pick one."}, {"role": "assistant", "content": "I pick the"}]
+
+
+def test_continue_final_message_continues_the_assistants_text_and_echo_repeats_it(openai_client, tokenizer):
+    prompt = tokenizer.apply_chat_template(CONTINUED, continue_final_message=True, tokenize=False)
+    assert prompt.endswith("I pick the")
+    raw = openai_client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=8, temperature=0, extra_body={"use_raw_prompt": True}
+    )
+    ask = {"model": MODEL, "messages": CONTINUED, "max_tokens": 8, "temperature": 0}
+    continued = openai_client.chat.completions.create(**ask, extra_body={"continue_final_message": True})
+    assert continued.choices[0].message.content == raw.choices[0].text
+    assert continued.usage.prompt_tokens == raw.usage.prompt_tokens
+    echo = {"continue_final_message": True, "add_generation_prompt": False, "echo": True}
+    echoed = openai_client.chat.completions.create(**ask, extra_body=echo)
+    assert echoed.choices[0].message.content == "I pick the" + raw.choices[0].text
+    streamed = openai_client.chat.completions.create(**ask, stream=True, extra_body=echo)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == echoed.choices[0].message.content
+
+
+def test_a_trusted_server_renders_the_requests_own_template_with_its_variables(triton, openai_client, tokenizer):
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{{ cue }}"
+    prompt = "<user>Pick one.<assistant>"
+    raw = openai_client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=8, temperature=0, extra_body={"use_raw_prompt": True}
+    )
+    settings = ShimSettings(triton_grpc_url=triton.grpc_url, served_model_name=MODEL, trust_request_chat_template=True)
+    with running_shim(settings) as url:
+        trusting = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        own = trusting.chat.completions.create(
+            model=MODEL,
+            messages=CHAT,
+            max_tokens=8,
+            temperature=0,
+            extra_body={"chat_template": template, "chat_template_kwargs": {"cue": "<assistant>"}},
+        )
+        with pytest.raises(openai.BadRequestError) as info:  # a template that cannot render: the request's fault
+            trusting.chat.completions.create(
+                model=MODEL, messages=CHAT, max_tokens=8, extra_body={"chat_template": "{{ raise_exception('no') }}"}
+            )
+    assert own.choices[0].message.content == raw.choices[0].text
+    assert own.usage.prompt_tokens == raw.usage.prompt_tokens == len(tokenizer.encode(prompt, add_special_tokens=False))
+    assert "chat template could not render" in info.value.body["message"]

@@ -49,6 +49,16 @@ CONVERSATIONS = [
     [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None, "tool_calls": None}],
 ]
 
+# A template of the request's own reading a variable the request sets, and the model's under other variables.
+OWN_TEMPLATE = "{% for m in messages %}[{{ m.role }}|{{ m.content }}]{% endfor %}{{ greeting | default('none') }}"
+TEMPLATE_REQUESTS = [
+    {"add_generation_prompt": True, "enable_thinking": False, "eos_token": "<END>"},
+    {"chat_template": OWN_TEMPLATE, "greeting": "hello"},
+    {"chat_template": "default"},  # a name of one of the model's templates
+    {"continue_final_message": True},
+    {"continue_final_message": True, "add_generation_prompt": True},  # an error in both
+]
+
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
@@ -111,6 +121,14 @@ def test_the_snapshot_serves_every_request_as_transformers(cache, tmp_path, tiny
                     ids = outcome(reference.apply_chat_template, conversation, return_dict=False, **kwargs)
                     got = outcome(cached.apply_chat_template, conversation, return_dict=False, **kwargs)
                     assert got == ids, (model, conversation, tools, prompt)
+            # what a request may add: variables for the template, its own template, the last message continued
+            for kwargs in TEMPLATE_REQUESTS:
+                expected = outcome(reference.apply_chat_template, conversation, tokenize=False, **kwargs)
+                assert outcome(cached.apply_chat_template, conversation, tokenize=False, **kwargs) == expected, (
+                    model,
+                    conversation,
+                    kwargs,
+                )
 
 
 @pytest.mark.parametrize("model", ["tiny", "SmolLM2-135M-Instruct"])

@@ -21,7 +21,7 @@ CANDIDATES = {"INT32": [-2, -1, 0, 1, 2, 100], "FP32": [-1.0, 0.0, 0.5, 1.0, 1.5
 UNDECLARED_FIELDS = {
     "max_tokens", "max_tokens_must_fit", "text", "prompt_ids", "messages", "tools", "stop_token_ids", "logit_bias",
     "ignore_eos", "use_raw_prompt", "truncate_prompt", "num_samples", "beam_width", "guide", "stream", "request_id",
-    "prediction",
+    "prediction", "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "chat_template",
 }  # fmt: skip
 
 

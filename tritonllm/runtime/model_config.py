@@ -82,10 +82,18 @@ def load_model_config(model_dir: Path) -> dict:
 
 
 def json_list(raw: str, field: str) -> list:
+    return _json_of(raw, field, list, "a JSON array")
+
+
+def json_object(raw: str, field: str) -> dict:
+    return _json_of(raw, field, dict, "a JSON object")
+
+
+def _json_of(raw: str, field: str, kind: type, name: str):
     try:
         value = json.loads(raw)
     except json.JSONDecodeError as e:
         raise RequestError(field, f"{field} is not valid JSON: {e}") from e
-    if not isinstance(value, list):
-        raise RequestError(field, f"{field} must be a JSON array")
+    if not isinstance(value, kind):
+        raise RequestError(field, f"{field} must be {name}")
     return value

@@ -51,7 +51,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
             return StreamingResponse(render.stream(pieces), media_type="text/event-stream")
 
         async def collect() -> list[Choice]:
-            choices = [Choice() for _ in range(len(gens) * per)]
+            choices = [render.new_choice() for _ in range(len(gens) * per)]
             async with aclosing(generated_pieces(client, gens, body.stop or [], include, per)) as pieces:
                 async for index, piece in pieces:
                     choices[index].add(piece)

@@ -137,6 +137,7 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an assistant's thinking sent back (vLLM's name), for templates that show it
 
     def rendered(self, index: int, where: str = "messages") -> dict:
         """The message as the chat template takes it; errors name it as `where`.index."""
@@ -165,6 +166,8 @@ class ChatMessage(BaseModel):
             ]
         if self.tool_call_id:
             out["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content is not None and self.role == "assistant":
+            out["reasoning_content"] = self.reasoning_content
         return out
 
 
@@ -205,9 +208,19 @@ class ChatRequest(SamplingFields):
     # Deprecated spellings of tools and tool_choice, still in the API reference.
     functions: Annotated[list[FunctionObject], Field(max_length=MAX_TOOLS)] | None = None
     function_call: Literal["none", "auto"] | dict[str, Any] | None = None
-    # Accepted and ignored: they cannot change a text model's answer here.
+    # A template variable, as vLLM passes it (gpt-oss's and Granite's templates read it); others ignore it.
     reasoning_effort: str | None = None
+    # Accepted and ignored: it cannot change a text model's answer here.
     verbosity: str | None = None
+    # How the messages are rendered (vLLM's fields): without the assistant's opening, the last (assistant's)
+    # message continued, variables for the template, a template of the request's own (with
+    # --trust-request-chat-template), and echo: the continued message's text repeated before the answer.
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None
+    echo: bool | None = False
+
     # Predicted Outputs: its tokens are drafts the engine verifies (the answer does not change, it comes sooner).
     prediction: Prediction | None = None
     # They would change the answer, and cannot be honoured: refused when they ask for something.
@@ -218,6 +231,15 @@ class ChatRequest(SamplingFields):
     @property
     def output_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def template_variables(self) -> dict[str, Any]:
+        variables = {"reasoning_effort": self.reasoning_effort} if self.reasoning_effort else {}
+        return {**variables, **(self.chat_template_kwargs or {})}
+
+    def echoed(self) -> str:
+        """What echo repeats: the last message's text, when it is the assistant's (the one continued)."""
+        last = self.messages[-1]
+        return last.rendered(len(self.messages) - 1)["content"] if self.echo and last.role == "assistant" else ""
 
     def check(self) -> None:
         if self.modalities and set(self.modalities) - {"text"}:

@@ -13,6 +13,8 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..tokenizer import reasoning
+from ..tokenizer.reasoning import ThinkingSplit
 from ..tokenizer.tool_calls import FORMATS, ToolCallParser
 from .errors import APIError
 from .generation import STOP_STRING, Piece, generate
@@ -40,10 +42,20 @@ class Choice:
     arrivals: list[float] = field(default_factory=list)
     batch_sizes: list[int] = field(default_factory=list)
     queue_waits: list[int] = field(default_factory=list)
+    # a reasoning model's: its thinking apart from its answer, and the last piece's share of each
+    thinking: ThinkingSplit | None = None
+    reasoning: str = ""
+    content: str = ""
+    last_split: tuple[str, str] = ("", "")
 
     def add(self, piece: Piece) -> None:
         chunk = piece.chunk
         self.text += piece.text
+        if self.thinking is not None:
+            final = bool(piece.finish_reason)
+            thought, said = self.thinking.feed(piece.text, chunk.token_texts, chunk.num_tokens, final)
+            self.reasoning, self.content = self.reasoning + thought, self.content + said
+            self.last_split = (thought, said)
         self.logprobs += chunk.logprobs
         if chunk.prompt_text is not None:
             self.prompt_text, self.prompt_logprobs = chunk.prompt_text, chunk.prompt_logprobs
@@ -133,6 +145,13 @@ def chat_generation(body: ChatRequest, settings: ShimSettings, where: str = "mes
         raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
     prediction = body.prediction.text() if body.prediction else None
     check_size(len(prediction or ""), "prediction")
+    if body.chat_template is not None and not settings.trust_request_chat_template:
+        raise APIError(
+            400,
+            "chat_template: this server renders chats with the model's own template; a request's template needs "
+            "the server started with --trust-request-chat-template",
+            "chat_template",
+        )
     return body.generation_request(
         settings.default_max_tokens,
         messages=messages,
@@ -141,6 +160,10 @@ def chat_generation(body: ChatRequest, settings: ShimSettings, where: str = "mes
         logprobs=bool(body.logprobs) or None,
         top_logprobs=body.top_logprobs if body.logprobs else None,
         prediction=prediction,
+        add_generation_prompt=body.add_generation_prompt,
+        continue_final_message=body.continue_final_message or None,
+        chat_template_kwargs=body.template_variables() or None,
+        chat_template=body.chat_template,
     )
 
 
@@ -189,13 +212,16 @@ class Render:
         gaps = [round((b - a) * 1000, 3) for a, b in zip(times, times[1:], strict=False)]
         return {"prefill_time": gaps[0] if gaps else None, "decode_time_arr": gaps[1:]}
 
+    def new_choice(self) -> Choice:
+        return Choice()
+
     async def stream(self, pieces) -> AsyncIterator[str]:
         choices: dict[int, Choice] = {}
         try:
             async with aclosing(pieces):
                 async for index, piece in pieces:
                     if index not in choices:
-                        choices[index] = Choice()
+                        choices[index] = self.new_choice()
                         for opening in self.opening(index):
                             yield _sse(opening)
                     choice = choices[index]
@@ -233,12 +259,21 @@ class ChatRender(Render):
         self.calls_finish = "stop" if isinstance(body.tool_choice, dict) else "tool_calls"
         self.parsers: dict[int, ToolCallParser] = {}  # per choice: content streams until a tool call opens
         self.shown: dict[int, str] = {}  # per choice: the content streamed so far
+        self.echoed = body.echoed()
+        thinking = reasoning.FORMATS.get(settings.reasoning_parser)
+        # whether each answer starts inside the thinking block; None: the model does not think
+        self.starts_thinking = None if thinking is None else thinking.opens_answer(body.chat_template_kwargs)
+
+    def new_choice(self) -> Choice:
+        thinking = None if self.starts_thinking is None else ThinkingSplit(self.starts_thinking)
+        return Choice(thinking=thinking)
 
     def new_parser(self) -> ToolCallParser:
         return ToolCallParser(self.tool_format, self.max_calls)
 
     def opening(self, index: int) -> list[dict]:
-        delta = {"role": "assistant", "content": ""}
+        self.shown[index] = self.echoed
+        delta = {"role": "assistant", "content": self.echoed}
         return [
             self.envelope(
                 self.object_chunk, [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]
@@ -261,9 +296,12 @@ class ChatRender(Render):
 
     def events(self, index: int, piece: Piece, choice: Choice) -> list[dict]:
         parser = self.parsers.setdefault(index, self.new_parser())
-        text, calls = self.split(parser, piece.text, piece.finish_reason)
+        thought, said = choice.last_split if choice.thinking is not None else ("", piece.text)
+        text, calls = self.split(parser, said, piece.finish_reason)
         self.shown[index] = self.shown.get(index, "") + text
         delta: dict[str, Any] = {}
+        if thought:
+            delta["reasoning_content"] = thought
         if self.full_text and (text or piece.finish_reason):
             delta["content"] = self.shown[index]
         elif text:
@@ -298,10 +336,14 @@ class ChatRender(Render):
         out = []
         for index, choice in enumerate(choices):
             parser = self.new_parser()
-            content, _ = self.split(parser, choice.text, choice.finish_reason)
+            said = choice.content if choice.thinking is not None else choice.text
+            content, _ = self.split(parser, said, choice.finish_reason)
+            content = self.echoed + content
             message: dict[str, Any] = {"role": "assistant", "content": content}
             if parser.tool_calls():
                 message = {"role": "assistant", "content": content or None, "tool_calls": parser.tool_calls()}
+            if choice.thinking is not None:
+                message["reasoning_content"] = choice.reasoning or None
             finish = self.finish_reason(choice.finish_reason, parser)
             out.append(
                 {
@@ -315,13 +357,13 @@ class ChatRender(Render):
 
     def usage(self, choices: list[Choice]) -> dict:
         counts = _usage(choices)
-        if self.body.prediction is None:
-            return counts
-        details = {
-            "accepted_prediction_tokens": sum(c.accepted_prediction_tokens for c in choices),
-            "rejected_prediction_tokens": sum(c.rejected_prediction_tokens for c in choices),
-        }
-        return {**counts, "completion_tokens_details": details}
+        details = {}
+        if self.starts_thinking is not None:
+            details["reasoning_tokens"] = sum(c.thinking.reasoning_tokens for c in choices if c.thinking)
+        if self.body.prediction is not None:
+            details["accepted_prediction_tokens"] = sum(c.accepted_prediction_tokens for c in choices)
+            details["rejected_prediction_tokens"] = sum(c.rejected_prediction_tokens for c in choices)
+        return {**counts, "completion_tokens_details": details} if details else counts
 
 
 class CompletionRender(Render):

@@ -1,9 +1,10 @@
 """POST /v1/responses, OpenAI's Responses API, as a chat completion underneath.
 
 The request becomes a chat request (instructions and input items as messages, function tools as chat tools,
-`text.format` as `response_format`), so it meets the same template, tool-call grammar and parser as
-/v1/chat/completions. Nothing is stored: `previous_response_id` and the other stored-state fields are 400s, and
-every response says `store: false`. A whole response is the stream's last event, built by the same code.
+`text.format` as `response_format`, vLLM's sampling and constraint fields as they are), so it meets the same
+template, tool-call grammar and parser as /v1/chat/completions. A reasoning model's thinking comes back as a
+reasoning item before the message. Nothing is stored: `previous_response_id` and the other stored-state fields are
+400s, and every response says `store: false`. A whole response is the stream's last event, built by the same code.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..tokenizer import reasoning
+from ..tokenizer.reasoning import ThinkingSplit
 from ..tokenizer.tool_calls import FORMATS, ToolCallParser
 from .errors import APIError, json_body
 from .generation import Piece, generate, primed, until_disconnected
@@ -27,6 +30,7 @@ from .openai_protocol import INT32_MAX, ChatRequest
 from .openai_serving import chat_generation, check_served_model
 from .settings import ShimSettings
 from .triton_client import TokenLogprob
+from .vllm_fields import VLLMFields
 
 LOGPROBS = "message.output_text.logprobs"  # the `include` entry that asks for the output's log-probabilities
 ROLES = ("user", "assistant", "system", "developer")
@@ -46,7 +50,9 @@ class TextConfig(BaseModel):
     verbosity: str | None = None  # cannot change what this model says: accepted, ignored
 
 
-class ResponsesRequest(BaseModel):
+class ResponsesRequest(VLLMFields):
+    """OpenAI's fields, and vLLM's sampling and constraint fields (as on chat)."""
+
     model_config = ConfigDict(extra="forbid")
 
     model: str
@@ -66,11 +72,13 @@ class ResponsesRequest(BaseModel):
     stream: bool | None = False
     stream_options: dict[str, Any] | None = None
     metadata: dict[str, str] | None = None
+    # its effort reaches the chat template as `reasoning_effort` (as on chat); a reasoning model's thinking comes
+    # back as reasoning items whatever it says
+    reasoning: dict[str, Any] | None = None
     # Fields that cannot change a text model's answer here: accepted, ignored.
     store: bool | None = None
     user: str | None = None
     service_tier: str | None = None
-    reasoning: dict[str, Any] | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     # State this server does not keep, or work it does not do: refused when asked for.
@@ -100,6 +108,8 @@ class ResponsesRequest(BaseModel):
             "tool_choice": _chat_tool_choice(self.tool_choice),
             "parallel_tool_calls": False if self.max_tool_calls == 1 else self.parallel_tool_calls,
             "response_format": self.response_format(),
+            "reasoning_effort": (self.reasoning or {}).get("effort"),
+            **{name: getattr(self, name) for name in VLLMFields.model_fields},
         }
         try:
             return ChatRequest.model_validate({k: v for k, v in fields.items() if v is not None})
@@ -133,7 +143,7 @@ class ResponsesRequest(BaseModel):
                     raise APIError(400, f"input.{index}.call_id is required", f"input.{index}.call_id")
                 output = _text(item.get("output"), f"input.{index}.output")
                 messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": output})
-            elif kind != "reasoning":  # this model writes no reasoning; a client may send back another's
+            elif kind != "reasoning":  # thinking sent back: templates show none of past turns (Qwen3's drop it)
                 raise APIError(400, f"input.{index}.type {kind!r} cannot be served here", f"input.{index}.type")
         return messages
 
@@ -229,6 +239,8 @@ class ResponseBuilder:
         self.logprobs = bool(chat.logprobs)
         max_calls = 1 if chat.parallel_tool_calls is False else body.max_tool_calls
         self.parser = ToolCallParser(FORMATS[settings.tool_call_parser], max_calls) if chat.tools_active() else None
+        thinking = reasoning.FORMATS.get(settings.reasoning_parser)
+        self.thinking = ThinkingSplit(thinking.opens_answer(chat.chat_template_kwargs)) if thinking else None
         self.output: list[dict] = []
         self.open: dict | None = None  # the output item still being written
         self.sequence = 0
@@ -252,7 +264,7 @@ class ResponseBuilder:
             "output": self.output,
             "parallel_tool_calls": body.parallel_tool_calls is not False,
             "previous_response_id": None,
-            "reasoning": {"effort": None, "summary": None},
+            "reasoning": {"effort": (body.reasoning or {}).get("effort"), "summary": None},
             "store": False,
             "temperature": 1.0 if body.temperature is None else body.temperature,
             "text": {"format": fmt or {"type": "text"}},
@@ -286,9 +298,15 @@ class ResponseBuilder:
     def events(self, piece: Piece) -> list[dict]:
         """The events of one piece; the last piece also closes the open item and sets the status and usage."""
         events: list[dict] = []
-        text, calls = piece.text, []
+        thought, text, calls = "", piece.text, []
+        if self.thinking is not None:
+            chunk = piece.chunk
+            final = bool(piece.finish_reason)
+            thought, text = self.thinking.feed(piece.text, chunk.token_texts, chunk.num_tokens, final)
+        if thought:
+            events += self._reasoning(thought)
         if self.parser is not None:
-            text, calls = self.parser.feed(piece.text)
+            text, calls = self.parser.feed(text)
             if piece.finish_reason:
                 rest, more = self.parser.finish(cut_off=piece.finish_reason == "length")
                 text, calls = text + rest, calls + more
@@ -304,7 +322,7 @@ class ResponseBuilder:
                 "input_tokens": chunk.num_input_tokens,
                 "input_tokens_details": {"cached_tokens": 0},
                 "output_tokens": chunk.num_output_tokens,
-                "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": self.thinking.reasoning_tokens if self.thinking else 0},
                 "total_tokens": chunk.num_input_tokens + chunk.num_output_tokens,
             }
         return events
@@ -323,6 +341,19 @@ class ResponseBuilder:
         logprobs = [_logprob(t) for t in tokens]
         part["logprobs"] += logprobs
         events.append(self._event("response.output_text.delta", **self._where(), delta=text, logprobs=logprobs))
+        return events
+
+    def _reasoning(self, text: str) -> list[dict]:
+        events = []
+        if self.open is None or self.open["type"] != "reasoning":
+            events += self._close()
+            item = {"id": f"rs_{uuid.uuid4().hex}", "type": "reasoning", "status": "in_progress", "summary": []}
+            events += self._add({**item, "content": []})
+            part = {"type": "reasoning_text", "text": ""}
+            self.open["content"].append(part)
+            events.append(self._event("response.content_part.added", **self._where(), part=copy.deepcopy(part)))
+        self.open["content"][0]["text"] += text
+        events.append(self._event("response.reasoning_text.delta", **self._where(), delta=text))
         return events
 
     def _call(self, delta: dict) -> list[dict]:
@@ -364,6 +395,10 @@ class ResponseBuilder:
             events.append(
                 self._event("response.output_text.done", **self._where(), text=part["text"], logprobs=part["logprobs"])
             )
+            events.append(self._event("response.content_part.done", **self._where(), part=copy.deepcopy(part)))
+        elif item["type"] == "reasoning":
+            part = item["content"][0]
+            events.append(self._event("response.reasoning_text.done", **self._where(), text=part["text"]))
             events.append(self._event("response.content_part.done", **self._where(), part=copy.deepcopy(part)))
         else:
             events.append(

@@ -17,6 +17,11 @@ class ShimSettings:
     full_text_enabled: bool = False
     # How the model writes tool calls (tritonllm.tokenizer.tool_calls.FORMATS); `serve` detects it from the model.
     tool_call_parser: str = "json"
+    # How the model's thinking is told from its answer (tritonllm.tokenizer.reasoning.FORMATS, or "none": all of
+    # it is content); `serve` detects it from the model.
+    reasoning_parser: str = "none"
+    # whether a request may bring its own chat template (vLLM's --trust-request-chat-template)
+    trust_request_chat_template: bool = False
     # a field an OpenAI-style body does not declare: False, dropped with a Warning header (as vLLM); True, a 400
     strict_request_fields: bool = False
     # the shim's generations through the `ensemble` rather than preprocessing and llm directly (direct_route.py)

@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import numpy as np
@@ -64,6 +65,11 @@ class GenerationRequest:
     prompt_ids: list[int] | None = None  # a prompt given as token ids
     messages: list[dict] | None = None
     tools: list[dict] | None = None
+    # how the messages are rendered (preprocessing's inputs of the same names)
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
@@ -112,6 +118,13 @@ class GenerationRequest:
             tensors.append(("chat_messages", "BYTES", _bytes(json.dumps(self.messages))))
             if self.tools:
                 tensors.append(("chat_tools", "BYTES", _bytes(json.dumps(self.tools))))
+            for name in ("add_generation_prompt", "continue_final_message"):
+                if getattr(self, name) is not None:
+                    tensors.append((name, "BOOL", _scalar("BOOL", getattr(self, name))))
+            if self.chat_template_kwargs:
+                tensors.append(("chat_template_kwargs", "BYTES", _bytes(json.dumps(self.chat_template_kwargs))))
+            if self.chat_template is not None:
+                tensors.append(("chat_template", "BYTES", _bytes(self.chat_template)))
         elif self.prompt_ids is not None:
             tensors.append(("prompt_token_ids", "INT32", np.array([self.prompt_ids], dtype=np.int32)))
         else:
@@ -215,6 +228,7 @@ class Chunk:
     rejected_prediction_tokens: int
     logprobs: list[TokenLogprob]
     arrived: float  # time.monotonic()
+    token_texts: list[str] = field(default_factory=list)  # each new token's own text (decoded alone)
     # asked for by return_prompt_log_probs, in a sample's first chunk: the prompt as text, and its tokens' log-probs
     prompt_text: str | None = None
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # the first one's logprob is None
@@ -260,6 +274,7 @@ class Chunk:
                 for i in range(len(log_probs))
             ],
             arrived=time.monotonic(),
+            token_texts=tokens,
             **_prompt_log_probs(scalar("prompt_log_probs_json")),
         )
 

@@ -41,22 +41,14 @@ class VLLMFields(BaseModel):
     guided_regex: str | None = None
     guided_choice: Annotated[list[str], Field(min_length=1)] | None = None
     guided_grammar: str | None = None
-    # Not done here yet: refused when they ask for something (refuse_unhonoured).
+    # Not done here yet: refused when it asks for something (refuse_unhonoured).
     return_tokens_as_token_ids: bool | None = None
-    chat_template: str | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-    continue_final_message: bool | None = None
 
     def refuse_unhonoured(self) -> None:
-        unhonoured = {
-            "return_tokens_as_token_ids": bool(self.return_tokens_as_token_ids),
-            "chat_template": self.chat_template is not None,
-            "chat_template_kwargs": bool(self.chat_template_kwargs),
-            "continue_final_message": bool(self.continue_final_message),
-        }
-        for name, asked in unhonoured.items():
-            if asked:
-                raise APIError(400, f"{name}: this server does not support it", name)
+        if self.return_tokens_as_token_ids:
+            raise APIError(
+                400, "return_tokens_as_token_ids: this server does not support it", "return_tokens_as_token_ids"
+            )
 
     @property
     def engine_priority(self) -> int | None:

@@ -66,35 +66,46 @@ class BackendTokenizer:
         add_generation_prompt: bool = False,
         tokenize: bool = True,
         return_dict: bool = True,
+        chat_template: str | None = None,
+        continue_final_message: bool = False,
+        **template_kwargs: Any,
     ) -> str | list[int] | dict[str, list[int]]:
-        """transformers' apply_chat_template for one conversation, with its defaults for everything not named."""
+        """transformers' apply_chat_template for one conversation, with its defaults for everything not named;
+        `template_kwargs` reach the template as variables (as transformers', overriding the special tokens)."""
         from transformers.utils.chat_template_utils import render_jinja_template
 
         if not conversation:
             raise ValueError("Cannot apply chat template to an empty conversation. Provide at least one message.")
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt are not compatible")
         # as transformers does: a key whose value is None is left out
         conversation = [{k: v for k, v in message.items() if v is not None} for message in conversation]
         (text,), _ = render_jinja_template(
             conversations=[conversation],
             tools=tools,
-            chat_template=self._template(tools),
+            chat_template=self._template(tools, chat_template),
             add_generation_prompt=add_generation_prompt,
-            **self.special_tokens_map,
+            continue_final_message=continue_final_message,
+            **{**self.special_tokens_map, **template_kwargs},
         )
         if not tokenize:
             return text
         ids = self.encode(text, add_special_tokens=False)
         return {"input_ids": ids} if return_dict else ids
 
-    def _template(self, tools: list[dict] | None) -> str:
-        """transformers' get_chat_template without a template argument."""
+    def _template(self, tools: list[dict] | None, given: str | None = None) -> str:
+        """transformers' get_chat_template: `given` is a template, or the name of one of the model's."""
         template = self.chat_template
         if isinstance(template, dict):
+            if given is not None:
+                return template.get(given, given)
             if tools is not None and "tool_use" in template:
                 return template["tool_use"]
             if "default" in template:
                 return template["default"]
             raise ValueError(f"This model has several chat templates and none is the default: {sorted(template)}")
+        if given is not None:
+            return given
         if template is None:
             raise ValueError("Cannot use chat template functions because tokenizer.chat_template is not set")
         return template

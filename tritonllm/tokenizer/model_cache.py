@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import json
 import os
+from collections.abc import Callable, Collection
 from importlib.metadata import version
 from pathlib import Path
 
@@ -48,3 +49,17 @@ def write(path: Path, text: str) -> None:
     except OSError:
         with contextlib.suppress(OSError):
             partial.unlink()
+
+
+def detected_name(model_dir: Path, kind: str, derived_by: Path, known: Collection[str], detect: Callable) -> str:
+    """A name detected from the model's tokenizer (`detect(tokenizer)`), once: later calls read it from the cache,
+    so that `serve` need not load the tokenizer through transformers on every start."""
+    cached = cached_file(model_dir, kind, derived_by=derived_by)
+    name = cached.read_text().strip() if cached.is_file() else ""
+    if name in known:
+        return name
+    from ..runtime.model_config import load_tokenizer
+
+    name = detect(load_tokenizer(model_dir))
+    write(cached, name)
+    return name

@@ -64,13 +64,13 @@ def postprocess(tokenizer, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarra
         "output_log_probs": log_probs[None],
         "top_log_probs": inputs["top_log_probs"][0, 0][: len(ids)][None],
     }
-    if len(log_probs) or top_ids.size:
-        decode = tokenizer.decode
-        outputs["token_texts"] = _strings(decode([t]) for t in ids)[None]
+    decode = tokenizer.decode
+    # each token's own text (log-probs show it; a reasoning parser counts the tokens of the thinking by it)
+    outputs["token_texts"] = _strings(decode([t]) for t in ids)[None]
+    if top_ids.size:
         top_texts = [[decode([int(t)]).encode() for t in row] for row in top_ids]
         outputs["top_token_texts"] = np.array(top_texts, dtype=np.object_).reshape(top_ids.shape)[None]
     else:
-        outputs["token_texts"] = np.zeros((1, 0), dtype=np.object_)
         outputs["top_token_texts"] = np.zeros((1, 0, 0), dtype=np.object_)
     outputs.update((name, status[name]) for name in FROM_STATUS)
     outputs["prompt_log_probs_json"] = _strings([_prompt_log_probs(tokenizer, inputs["prompt_log_probs"][0])])[None]

@@ -147,15 +147,8 @@ def resolve_format_of(name: str, model_dir: Path) -> ToolCallFormat:
     `serve` need not load the tokenizer through transformers on every start."""
     if name != "auto":
         return resolve_format(name)
-    cached = model_cache.cached_file(model_dir, "tool_format", derived_by=Path(__file__))
-    known = cached.read_text().strip() if cached.is_file() else ""
-    if known in FORMATS:
-        return FORMATS[known]
-    from ..runtime.model_config import load_tokenizer
-
-    detected = detect_format(load_tokenizer(model_dir))
-    model_cache.write(cached, detected.name)
-    return detected
+    name = model_cache.detected_name(model_dir, "tool_format", Path(__file__), FORMATS, lambda t: detect_format(t).name)
+    return FORMATS[name]
 
 
 def system_prompt(tools: list[dict[str, Any]], fmt: ToolCallFormat) -> str:

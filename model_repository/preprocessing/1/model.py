@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from jinja2 import TemplateError
 
 from tritonllm import errors
 from tritonllm.errors import RequestError
@@ -13,6 +14,7 @@ from tritonllm.runtime.model_config import (
     TOOL_CALL_PARSER_ENV,
     ModelParameters,
     json_list,
+    json_object,
     load_model_config,
     strings,
 )
@@ -20,6 +22,28 @@ from tritonllm.tokenizer.backend_tokenizer import cached_snapshot, load_backend_
 from tritonllm.tokenizer.info import tokenizer_info
 from tritonllm.tokenizer.tool_calls import renders_tools, resolve_format, with_tools_in_prompt
 from tritonllm.tokenizer.word_lists import encode_word_list
+
+# apply_chat_template's own arguments, which chat_template_kwargs cannot set
+RENDER_ARGUMENTS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "return_dict",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+        "sanitize_control_tokens",
+    }
+)
 
 
 def _string(request, name: str) -> str | None:
@@ -171,6 +195,33 @@ class TritonPythonModel:
         if outside:
             raise RequestError(name, f"{name} holds token ids outside [0, {vocab}): {outside[:5]}")
 
+    def _render(self, request, conversation: list, tools: list | None) -> list[int]:
+        """A chat's ids, rendered as the request asks: continued, with its template variables, its own template."""
+        continued = _bool(request, "continue_final_message", False)
+        generation_prompt = _bool(request, "add_generation_prompt", not continued)
+        if continued and generation_prompt:
+            raise RequestError("continue_final_message", "continue_final_message needs add_generation_prompt: false")
+        raw = _string(request, "chat_template_kwargs")
+        variables = json_object(raw, "chat_template_kwargs") if raw else {}
+        for name in sorted(RENDER_ARGUMENTS & set(variables)):
+            raise RequestError(
+                f"chat_template_kwargs.{name}", f"chat_template_kwargs.{name} is not a template variable"
+            )
+        try:
+            encoded = self.tokenizer.apply_chat_template(
+                conversation,
+                tools=tools,
+                add_generation_prompt=generation_prompt,
+                continue_final_message=continued,
+                chat_template=_string(request, "chat_template") or None,
+                tokenize=True,
+                return_dict=True,
+                **variables,
+            )
+        except (TemplateError, ValueError, TypeError) as e:  # the request's template, variables or last message
+            raise RequestError("chat_messages", f"the chat template could not render chat_messages: {e}") from e
+        return list(encoded["input_ids"])
+
     def _tokenize(self, request, output_tokens: int | None) -> list[int]:
         """The prompt's ids; `output_tokens` (max_tokens_must_fit): they must fit in the context after it."""
         messages = _string(request, "chat_messages")
@@ -180,14 +231,7 @@ class TritonPythonModel:
             tools = json_list(tools, "chat_tools") if tools else None
             if tools and not self.template_renders_tools:
                 conversation, tools = with_tools_in_prompt(conversation, tools, self.tool_format), None
-            encoded = self.tokenizer.apply_chat_template(
-                conversation,
-                tools=tools,
-                add_generation_prompt=_bool(request, "add_generation_prompt", True),
-                tokenize=True,
-                return_dict=True,
-            )
-            ids = list(encoded["input_ids"])
+            ids = self._render(request, conversation, tools)
         elif pb_utils.get_input_tensor_by_name(request, "prompt_token_ids") is not None:
             ids = _ids(request, "prompt_token_ids")
             self._check_ids("prompt_token_ids", ids)

@@ -1,0 +1,154 @@
+"""Reasoning models through `serve` (the parser detected from the chat template) and the openai SDK: the thinking
+in `reasoning_content` (chat) and reasoning items (Responses), the answer in `content`, together the model's own
+text; tool calls read from the answer only; chat_template_kwargs turning thinking off. The tiny model's answers are
+forced into shape by a guided regex, so that both parts are there whatever its random weights say."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import openai
+import pytest
+from thinking_models import thinking_model
+from transformers import AutoTokenizer
+
+from .conftest import running_serve
+
+ASK = [{"role": "user", "content": "Think, then answer."}]
+THOUGHT = r"[a-z]{3,8}( [a-z]{3,8}){2,4}"
+ANSWER = r"[a-z]{3,8}( [a-z]{3,8}){1,3}\."
+CALL = r'\{"name": "get_weather", "arguments": \{"city": "paris"\}\}'
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+@dataclass
+class Served:
+    style: str
+    model_dir: Path
+    client: openai.OpenAI
+
+    @property
+    def model(self) -> str:
+        return self.model_dir.name
+
+    def regex(self, answer: str = ANSWER) -> str:
+        """The model's whole text: a thinking block, then `answer`; under deepseek_r1's template the prompt
+        opened the block, so the model writes from inside it."""
+        opening = r"<think>\n" if self.style == "qwen3" else ""
+        return opening + THOUGHT + r"\n</think>\n\n" + answer
+
+    def chat(self, regex: str, stream: bool = False, **fields):
+        extra = {key: fields.pop(key) for key in ("chat_template_kwargs",) if key in fields}
+        return self.client.chat.completions.create(
+            model=self.model,
+            messages=ASK,
+            max_tokens=fields.pop("max_tokens", 60),
+            temperature=0,
+            stream=stream,
+            extra_body={"guided_regex": regex, **extra},
+            **fields,
+        )
+
+    def raw(self, regex: str, **template) -> tuple[str, int]:
+        """The model's own text for ASK (completions on the rendered prompt: no parser there), and the prompt's
+        length in tokens."""
+        tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        prompt = tokenizer.apply_chat_template(ASK, add_generation_prompt=True, tokenize=False, **template)
+        completion = self.client.completions.create(
+            model=self.model,
+            prompt=prompt,
+            max_tokens=60,
+            temperature=0,
+            extra_body={"guided_regex": regex, "use_raw_prompt": True},
+        )
+        return completion.choices[0].text, completion.usage.prompt_tokens
+
+
+@pytest.fixture(scope="module", params=["qwen3", "deepseek_r1"])
+def served(request, tiny_model_dir, tmp_path_factory) -> Served:
+    """`serve` on the tiny model with a chat template that thinks in the param's style."""
+    root = tmp_path_factory.mktemp(f"thinking-{request.param}")
+    model = thinking_model(tiny_model_dir, root / f"tiny-{request.param}", request.param)
+    with running_serve(model, root, "--no-embedding") as ports:
+        base = f"http://127.0.0.1:{ports['--shim-port']}/v1"
+        yield Served(request.param, model, openai.OpenAI(base_url=base, api_key="-", max_retries=0))
+    assert f"reasoning parser: {request.param}" in (root / "serve.log").read_text()
+
+
+def test_thinking_and_answer_come_apart_and_join_to_the_models_text(served):
+    whole = served.chat(served.regex())
+    message = whole.choices[0].message
+    reasoning = message.model_extra["reasoning_content"]
+    assert reasoning and message.content and "think>" not in reasoning + message.content
+    raw, _ = served.raw(served.regex())
+    opening = "<think>" if served.style == "qwen3" else ""
+    assert raw == opening + reasoning + "</think>" + message.content
+    streamed = list(served.chat(served.regex(), stream=True, stream_options={"include_usage": True}))
+    deltas = [c.choices[0].delta for c in streamed if c.choices]
+    assert "".join(d.model_extra.get("reasoning_content") or "" for d in deltas) == reasoning
+    assert "".join(d.content or "" for d in deltas) == message.content
+    # the thinking's tokens: those up to the one that completes the closing tag
+    tokens = [t.token for t in served.chat(served.regex(), logprobs=True).choices[0].logprobs.content]
+    thinking_tokens = next(i + 1 for i in range(len(tokens)) if "</think>" in "".join(tokens[: i + 1]))
+    assert whole.usage.completion_tokens_details.reasoning_tokens == thinking_tokens < len(tokens)
+    assert streamed[-1].usage.completion_tokens_details.reasoning_tokens == thinking_tokens
+
+
+def test_a_tool_call_is_read_from_the_answer_after_the_thinking(served):
+    whole = served.chat(served.regex(CALL), tools=[WEATHER], max_tokens=200)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "paris"}
+    assert choice.message.model_extra["reasoning_content"]
+    streamed = list(served.chat(served.regex(CALL), stream=True, tools=[WEATHER], max_tokens=200))
+    calls = [c for chunk in streamed if chunk.choices for c in chunk.choices[0].delta.tool_calls or []]
+    assert "".join(c.function.arguments or "" for c in calls) == call.function.arguments
+
+
+def test_chat_template_kwargs_turn_thinking_off(served):
+    off = {"enable_thinking": False} if served.style == "qwen3" else {"thinking": False}
+    whole = served.chat(ANSWER, chat_template_kwargs=off)
+    message = whole.choices[0].message
+    assert message.model_extra["reasoning_content"] is None
+    raw, prompt_tokens = served.raw(ANSWER, **off)
+    assert message.content == raw
+    assert whole.usage.prompt_tokens == prompt_tokens  # the template saw the variable: its prompt differs
+    assert prompt_tokens != served.raw(ANSWER)[1]
+
+
+def test_the_responses_api_gives_a_reasoning_item_before_the_message(served):
+    chat = served.chat(served.regex()).choices[0].message
+    response = served.client.responses.create(
+        model=served.model,
+        input=ASK[0]["content"],
+        max_output_tokens=60,
+        temperature=0,
+        extra_body={"guided_regex": served.regex()},
+    )
+    kinds = [item.type for item in response.output]
+    assert kinds == ["reasoning", "message"]
+    assert response.output[0].content[0].text == chat.model_extra["reasoning_content"]
+    assert response.output_text == chat.content
+    assert response.usage.output_tokens_details.reasoning_tokens > 0
+    events = list(
+        served.client.responses.create(
+            model=served.model,
+            input=ASK[0]["content"],
+            max_output_tokens=60,
+            temperature=0,
+            stream=True,
+            extra_body={"guided_regex": served.regex()},
+        )
+    )
+    thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert thought == chat.model_extra["reasoning_content"]
+    assert events[-1].response.output[0].content[0].text == thought
