@@ -150,6 +150,7 @@ def serve(args: argparse.Namespace) -> int:
             full_text_enabled=args.full_text,
             tool_call_parser=parser,
             reasoning_parser=reasoning_parser,
+            reasoning_budget=args.reasoning_budget,
             trust_request_chat_template=args.trust_request_chat_template,
             strict_request_fields=args.strict_request_fields,
             api_key=args.api_key,
@@ -190,6 +191,7 @@ def shim(args: argparse.Namespace) -> int:
         full_text_enabled=args.full_text,
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
+        reasoning_budget=args.reasoning_budget,
         trust_request_chat_template=args.trust_request_chat_template,
         strict_request_fields=args.strict_request_fields,
         api_key=args.api_key,
@@ -276,6 +278,14 @@ def _add_access_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="answer 400 to an OpenAI-style body with a field this server does not know (default: drop it, log "
         "it and name it in a Warning header, as vLLM does)",
+    )
+    p.add_argument(
+        "--reasoning-budget",
+        type=int,
+        default=-1,
+        metavar="N",
+        help="a reasoning model's thinking tokens before its closing tag is forced and the answer follows, for "
+        "chats that give no max_thinking_tokens (llama.cpp's flag; default -1: no limit, 0: no thinking)",
     )
     p.add_argument(
         "--trust-request-chat-template",

@@ -111,6 +111,9 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("min_length", "INT32", "output tokens before end_id may end the generation", 0, at_least(0)),
     Parameter("min_tokens", "INT32", "min_length's newer TensorRT-LLM name (give one of them)", 0, at_least(0),
               field="min_tokens"),
+    Parameter("thinking_budget", "INT32", "a reasoning model's thinking tokens before its closing tag "
+              "(thinking_end_ids) is forced and the answer follows; default: no limit", None, at_least(0),
+              field="thinking_budget"),
     Parameter("no_repeat_ngram_size", "INT32", "no n-gram of this size occurs twice", 0, at_least(0)),
     Parameter("beam_width", "INT32", "beam search (deterministic): the best beams come whole in one final "
               "response, padded with pad_id", 1, within(1, MAX_BEAM_WIDTH)),

@@ -13,6 +13,7 @@ import openai
 import pytest
 from thinking_models import thinking_model
 from transformers import AutoTokenizer
+from triton_helpers import Stream, tensor
 
 from .conftest import running_serve
 
@@ -34,6 +35,7 @@ class Served:
     style: str
     model_dir: Path
     client: openai.OpenAI
+    grpc_url: str
 
     @property
     def model(self) -> str:
@@ -79,7 +81,8 @@ def served(request, tiny_model_dir, tmp_path_factory) -> Served:
     model = thinking_model(tiny_model_dir, root / f"tiny-{request.param}", request.param)
     with running_serve(model, root, "--no-embedding") as ports:
         base = f"http://127.0.0.1:{ports['--shim-port']}/v1"
-        yield Served(request.param, model, openai.OpenAI(base_url=base, api_key="-", max_retries=0))
+        client = openai.OpenAI(base_url=base, api_key="-", max_retries=0)
+        yield Served(request.param, model, client, f"127.0.0.1:{ports['--grpc-port']}")
     assert f"reasoning parser: {request.param}" in (root / "serve.log").read_text()
 
 
@@ -152,3 +155,48 @@ def test_the_responses_api_gives_a_reasoning_item_before_the_message(served):
     thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
     assert thought == chat.model_extra["reasoning_content"]
     assert events[-1].response.output[0].content[0].text == thought
+
+
+def test_max_thinking_tokens_forces_the_closing_tag_and_the_answer_follows(served):
+    ask = {"model": served.model, "messages": ASK, "max_tokens": 20, "temperature": 0}
+    free = served.client.chat.completions.create(**ask).choices[0].message
+    budgeted = served.client.chat.completions.create(**ask, extra_body={"max_thinking_tokens": 4})
+    message = budgeted.choices[0].message
+    if served.style == "qwen3":  # the tiny model never opens a block itself: nothing to cut short
+        assert message.content == free.content and message.model_extra["reasoning_content"] is None
+        assert budgeted.usage.completion_tokens_details.reasoning_tokens == 0
+    else:  # the prompt opened the block, and the tiny model never closes it: all thinking, until the budget
+        assert free.model_extra["reasoning_content"] and not free.content
+        thought = message.model_extra["reasoning_content"]
+        assert thought and free.model_extra["reasoning_content"].startswith(thought) and message.content
+        closing = AutoTokenizer.from_pretrained(served.model_dir).encode("</think>", add_special_tokens=False)
+        assert budgeted.usage.completion_tokens_details.reasoning_tokens == 4 + len(closing)
+    with pytest.raises(openai.BadRequestError) as info:
+        served.client.chat.completions.create(**ask, extra_body={"max_thinking_tokens": 4, "guided_regex": "[a-z]+"})
+    assert info.value.body["param"] == "max_thinking_tokens"
+
+
+def test_a_triton_client_gets_the_budget_from_the_prompt_alone(served):
+    """Through the ensemble, without thinking_open: preprocessing tells from the rendered prompt whether the answer
+    starts inside the block, as the shim's parser does from the template."""
+    shim = served.client.chat.completions.create(
+        model=served.model, messages=ASK, max_tokens=20, temperature=0, extra_body={"max_thinking_tokens": 3}
+    )
+    stream = Stream(served.grpc_url)
+    try:
+        stream.send(
+            "ensemble",
+            [
+                tensor("chat_messages", [[json.dumps(ASK)]], "BYTES"),
+                tensor("max_tokens", [[20]], "INT32"),
+                tensor("thinking_budget", [[3]], "INT32"),
+                tensor("stream", [[True]], "BOOL"),
+            ],
+        )
+        text = "".join(r.as_numpy("text_output").reshape(-1)[0].decode() for r in stream.until_final())
+    finally:
+        stream.close()
+    message = shim.choices[0].message
+    opening = "<think>" if served.style == "qwen3" and message.model_extra["reasoning_content"] else ""
+    closing = "</think>" if served.style == "deepseek_r1" else ""
+    assert text == opening + (message.model_extra["reasoning_content"] or "") + closing + message.content

@@ -45,6 +45,8 @@ def every_field_set() -> GenerationRequest:
         continue_final_message=True,
         chat_template_kwargs={"enable_thinking": False},
         chat_template="{{ messages }}",
+        thinking_budget=4,
+        thinking_open=True,
         temperature=0.5,
         top_k=3,
         top_p=0.9,

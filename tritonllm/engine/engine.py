@@ -78,6 +78,9 @@ class LLMEngine:
             raise RequestError(
                 "guided_decoding_guide", "guided_decoding_guide needs beam_width=1 and no draft_input_ids"
             )
+        if p.thinking_budget is not None and (p.beam_width > 1 or seq.grammar is not None):
+            # a forced closing tag could break a grammar; beams search on the unforced logits
+            raise RequestError("thinking_budget", "thinking_budget needs beam_width=1 and no guided decoding")
         if p.beam_width > 1:
             max_tokens = min(p.max_tokens, self.max_model_len - seq.num_prompt_tokens)
             seq.beam = BeamSearch(seq, p.beam_width, p.length_penalty, p.early_stopping, max_tokens)
@@ -293,6 +296,8 @@ class LLMEngine:
         seq.token_ids.append(sampled.token)
         if seq.grammar is not None:
             seq.grammar.advance(sampled.token)
+        if seq.thinking is not None:
+            seq.thinking.advance(sampled.token)
         if sampled.logprob is not None:
             seq.logprobs.append(sampled.logprob)
         if sampled.top_ids is not None:

@@ -17,6 +17,7 @@ from ..errors import RequestError
 from ..request_parameters import EARLY_STOPPING, TensorLookup, read, scalar
 from ..tokenizer.word_lists import decode_word_list
 from .sampling_params import NO_END_ID, SamplingParams
+from .thinking_budget import ThinkingBudget
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,7 @@ def _params(get: TensorLookup, vocab_size: int) -> SamplingParams:
         bad_words=_word_list(get, "bad_words_list", vocab_size),
         min_tokens=_either(get, "min_length", "min_tokens"),
         stop_words=_word_list(get, "stop_words_list", vocab_size),
+        thinking_budget=_thinking_budget(get, vocab_size),
         beam_width=read(get, "beam_width"),
         length_penalty=read(get, "len_penalty"),
         early_stopping=EARLY_STOPPING[read(get, "early_stopping")],
@@ -205,6 +207,16 @@ def _params(get: TensorLookup, vocab_size: int) -> SamplingParams:
         return_generation_logits=read(get, "return_generation_logits"),
         return_prompt_log_probs=read(get, "return_prompt_log_probs"),
     )
+
+
+def _thinking_budget(get: TensorLookup, vocab_size: int) -> ThinkingBudget | None:
+    tokens = read(get, "thinking_budget")
+    if tokens is None:
+        return None
+    end_ids = _token_ids(get, "thinking_end_ids", vocab_size)
+    if not end_ids:
+        raise RequestError("thinking_end_ids", "thinking_budget needs thinking_end_ids: the closing tag's token ids")
+    return ThinkingBudget(tokens, tuple(_token_ids(get, "thinking_start_ids", vocab_size)), tuple(end_ids))
 
 
 def _embedding_bias(get: TensorLookup, vocab_size: int) -> torch.Tensor | None:

@@ -85,6 +85,10 @@ def sample_one(raw: torch.Tensor, seq: Sequence, argmax: int | None = None, draf
     row = process(raw, seq)
     if seq.grammar is not None:
         row = seq.grammar.mask(row)
+    forced = None if seq.thinking is None else seq.thinking.forced()
+    if forced is not None:  # the thinking's budget is spent: its closing tag comes next
+        row = torch.full_like(row, float("-inf"))
+        row[forced] = 0.0
     if p.greedy:
         if p.watermark:
             row = watermark(row, seq.token_ids[-1])

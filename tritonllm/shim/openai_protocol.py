@@ -220,6 +220,8 @@ class ChatRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
     chat_template: str | None = None
     echo: bool | None = False
+    # a reasoning model's thinking tokens before its closing tag is forced (default: serve --reasoning-budget)
+    max_thinking_tokens: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None
 
     # Predicted Outputs: its tokens are drafts the engine verifies (the answer does not change, it comes sooner).
     prediction: Prediction | None = None

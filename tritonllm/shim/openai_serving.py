@@ -152,11 +152,16 @@ def chat_generation(body: ChatRequest, settings: ShimSettings, where: str = "mes
             "the server started with --trust-request-chat-template",
             "chat_template",
         )
+    guide = body.guide(FORMATS[settings.tool_call_parser])
+    thinking = reasoning.FORMATS.get(settings.reasoning_parser)
+    budget = thinking_budget(body, settings, thinking is not None and guide is None)
     return body.generation_request(
         settings.default_max_tokens,
         messages=messages,
         tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
-        guide=body.guide(FORMATS[settings.tool_call_parser]),
+        guide=guide,
+        thinking_budget=budget,
+        thinking_open=None if budget is None else thinking.opens_answer(body.chat_template_kwargs),
         logprobs=bool(body.logprobs) or None,
         top_logprobs=body.top_logprobs if body.logprobs else None,
         prediction=prediction,
@@ -165,6 +170,21 @@ def chat_generation(body: ChatRequest, settings: ShimSettings, where: str = "mes
         chat_template_kwargs=body.template_variables() or None,
         chat_template=body.chat_template,
     )
+
+
+def thinking_budget(body: ChatRequest, settings: ShimSettings, applies: bool) -> int | None:
+    """The chat's max_thinking_tokens, else the server's --reasoning-budget; `applies`: the model thinks and the
+    answer is not constrained (a forced closing tag could break a grammar)."""
+    if body.max_thinking_tokens is None:
+        return settings.reasoning_budget if applies and settings.reasoning_budget >= 0 else None
+    if not applies:
+        why = (
+            "the model's answers have no thinking block"
+            if settings.reasoning_parser == reasoning.NONE
+            else ("it cannot be combined with constrained decoding (response_format, a forced tool, guided_*)")
+        )
+        raise APIError(400, f"max_thinking_tokens: {why}", "max_thinking_tokens")
+    return body.max_thinking_tokens
 
 
 def check_size(chars: int, field_name: str) -> None:

@@ -20,6 +20,8 @@ class ShimSettings:
     # How the model's thinking is told from its answer (tritonllm.tokenizer.reasoning.FORMATS, or "none": all of
     # it is content); `serve` detects it from the model.
     reasoning_parser: str = "none"
+    # thinking tokens a chat may spend before its closing tag is forced, unless it says max_thinking_tokens; -1: any
+    reasoning_budget: int = -1
     # whether a request may bring its own chat template (vLLM's --trust-request-chat-template)
     trust_request_chat_template: bool = False
     # a field an OpenAI-style body does not declare: False, dropped with a Warning header (as vLLM); True, a 400

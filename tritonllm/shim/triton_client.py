@@ -70,6 +70,8 @@ class GenerationRequest:
     continue_final_message: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     chat_template: str | None = None
+    thinking_budget: int | None = None  # thinking tokens before the closing tag is forced
+    thinking_open: bool | None = None  # whether the answer starts inside the thinking block
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
@@ -136,6 +138,7 @@ class GenerationRequest:
             ("use_raw_prompt", self.use_raw_prompt),
             ("truncate_prompt", self.truncate_prompt),
             ("max_tokens_must_fit", self.max_tokens_must_fit),
+            ("thinking_open", self.thinking_open),
         ]
         tensors += [(name, "BOOL", _scalar("BOOL", value)) for name, value in preprocessing if value is not None]
         if self.num_samples > 1:

@@ -57,8 +57,12 @@ def detect_format(tokenizer) -> str:
         )
     except Exception:  # a template that cannot render the probe: the model's own tags, outside the prompt
         return "qwen3"
-    generation_prompt = text[text.rfind(question) + len(question) :]
-    return "deepseek_r1" if generation_prompt.rfind(OPENING) > generation_prompt.rfind(CLOSING) else "qwen3"
+    return "deepseek_r1" if leaves_block_open(text[text.rfind(question) + len(question) :]) else "qwen3"
+
+
+def leaves_block_open(prompt: str) -> bool:
+    """Whether the answer to `prompt` starts inside a thinking block (the prompt opened one last)."""
+    return prompt.rfind(OPENING) > prompt.rfind(CLOSING)
 
 
 def resolve_format(name: str, tokenizer=None) -> ReasoningFormat | None:

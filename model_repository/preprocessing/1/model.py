@@ -20,6 +20,7 @@ from tritonllm.runtime.model_config import (
 )
 from tritonllm.tokenizer.backend_tokenizer import cached_snapshot, load_backend_tokenizer
 from tritonllm.tokenizer.info import tokenizer_info
+from tritonllm.tokenizer.reasoning import CLOSING, OPENING, leaves_block_open
 from tritonllm.tokenizer.tool_calls import renders_tools, resolve_format, with_tools_in_prompt
 from tritonllm.tokenizer.word_lists import encode_word_list
 
@@ -132,6 +133,7 @@ class TritonPythonModel:
             bias = self._embedding_bias(request)
             prediction = _string(request, "prediction")
             prediction_ids = self.tokenizer.encode(prediction, add_special_tokens=False) if prediction else []
+            thinking_start_ids, thinking_end_ids = self._thinking_tags(request, ids)
         except ValueError as e:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(errors.to_message(e)))
         tok = self.tokenizer
@@ -157,8 +159,23 @@ class TritonPythonModel:
                 pb_utils.Tensor("stop_words_list", stop_words[None]),
                 pb_utils.Tensor("embedding_bias", bias[None]),
                 pb_utils.Tensor("prediction_ids", np.array([prediction_ids], dtype=np.int32)),
+                pb_utils.Tensor("thinking_start_ids", np.array([thinking_start_ids], dtype=np.int32)),
+                pb_utils.Tensor("thinking_end_ids", np.array([thinking_end_ids], dtype=np.int32)),
             ]
         )
+
+    def _thinking_tags(self, request, ids: list[int]) -> tuple[list[int], list[int]]:
+        """With a thinking_budget, the ids of the tags the llm watches for: the opening one (none when the answer
+        starts inside the block) and the closing one it forces."""
+        if pb_utils.get_input_tensor_by_name(request, "thinking_budget") is None:
+            return [], []
+        opened = pb_utils.get_input_tensor_by_name(request, "thinking_open")
+        if opened is None:
+            inside = leaves_block_open(self.tokenizer.decode(ids))
+        else:
+            inside = bool(opened.as_numpy().reshape(-1)[0])
+        encode = self.tokenizer.encode
+        return ([] if inside else encode(OPENING, add_special_tokens=False)), encode(CLOSING, add_special_tokens=False)
 
     def _words(self, request, name: str) -> list[str]:
         tensor = pb_utils.get_input_tensor_by_name(request, name)
