@@ -128,7 +128,6 @@ def test_guided_fields_constrain_chat_and_completions(openai_client, tokenizer, 
         ({"chat_template_kwargs": ["not", "an", "object"]}, "chat_template_kwargs"),
         ({"chat_template": "{{ messages }}"}, "chat_template"),  # the server does not trust requests' templates
         ({"continue_final_message": True, "add_generation_prompt": True}, "continue_final_message"),
-        ({"return_tokens_as_token_ids": True}, "return_tokens_as_token_ids"),
     ],
 )
 def test_what_is_taken_and_not_done_is_a_400_naming_it(openai_client, extra, param):
@@ -193,3 +192,29 @@ def test_a_trusted_server_renders_the_requests_own_template_with_its_variables(t
     assert own.choices[0].message.content == raw.choices[0].text
     assert own.usage.prompt_tokens == raw.usage.prompt_tokens == len(tokenizer.encode(prompt, add_special_tokens=False))
     assert "chat template could not render" in info.value.body["message"]
+
+
+def test_return_tokens_as_token_ids_names_each_log_prob_token_by_its_id(openai_client, tokenizer):
+    ask = {"model": MODEL, "messages": CHAT, "max_tokens": 6, "temperature": 0, "logprobs": True, "top_logprobs": 2}
+    plain = openai_client.chat.completions.create(**ask).choices[0].logprobs.content
+    named = openai_client.chat.completions.create(**ask, extra_body={"return_tokens_as_token_ids": True})
+    named = named.choices[0].logprobs.content
+    assert len(named) == len(plain) == 6
+    for by_text, by_id in zip(plain, named, strict=True):
+        assert by_id.token.startswith("token_id:") and by_id.logprob == by_text.logprob
+        assert tokenizer.decode([int(by_id.token.removeprefix("token_id:"))]) == by_text.token
+        ids = [int(top.token.removeprefix("token_id:")) for top in by_id.top_logprobs]
+        assert [tokenizer.decode([i]) for i in ids] == [top.token for top in by_text.top_logprobs]
+    completion = openai_client.completions.create(
+        model=MODEL,
+        prompt="Hello there",
+        max_tokens=3,
+        temperature=0,
+        echo=True,
+        logprobs=1,
+        extra_body={"return_tokens_as_token_ids": True},
+    )
+    lp = completion.choices[0].logprobs
+    ids = [int(t.removeprefix("token_id:")) for t in lp.tokens]
+    assert ids[: len(ids) - 3] == tokenizer.encode("Hello there")  # the echoed prompt's ids, then the answer's
+    assert all(k.startswith("token_id:") for top in lp.top_logprobs[1:] for k in top)

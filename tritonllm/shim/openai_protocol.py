@@ -85,7 +85,6 @@ class SamplingFields(VLLMFields):
         return self.max_tokens
 
     def generation_request(self, default_max_tokens: int, **content: Any) -> GenerationRequest:
-        self.refuse_unhonoured()
         top_k = None if self.top_k is None else (0 if self.top_k == -1 else self.top_k)
         content.setdefault("guide", self.vendor_guide())
         return GenerationRequest(

@@ -348,7 +348,8 @@ class ChatRender(Render):
 
         return {
             "content": [
-                {**entry(t.token, t.logprob), "top_logprobs": [entry(tok, lp) for tok, lp in t.top]} for t in tokens
+                {**entry(t.token, t.logprob), "top_logprobs": [entry(tok, lp) for tok, lp in t.top]}
+                for t in self.body.named(tokens)
             ]
         }
 
@@ -453,6 +454,7 @@ class CompletionRender(Render):
             offsets.append(offset)
             offset += len(t.token)
         self.offsets[index] = offset
+        tokens = self.body.named(tokens)
         return {
             "text_offset": offsets,
             "token_logprobs": [t.logprob for t in tokens],

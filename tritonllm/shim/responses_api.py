@@ -232,6 +232,7 @@ class ResponseBuilder:
 
     def __init__(self, body: ResponsesRequest, chat: ChatRequest, settings: ShimSettings) -> None:
         self.body = body
+        self.chat = chat
         self.id = f"resp_{uuid.uuid4().hex}"
         self.created_at = int(time.time())
         self.status = "in_progress"
@@ -338,7 +339,7 @@ class ResponseBuilder:
             events.append(self._event("response.content_part.added", **self._where(), part=copy.deepcopy(part)))
         part = self.open["content"][0]
         part["text"] += text
-        logprobs = [_logprob(t) for t in tokens]
+        logprobs = [_logprob(t) for t in self.chat.named(tokens)]
         part["logprobs"] += logprobs
         events.append(self._event("response.output_text.delta", **self._where(), delta=text, logprobs=logprobs))
         return events

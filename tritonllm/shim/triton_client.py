@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 import uuid
@@ -212,6 +213,13 @@ class TokenLogprob:
     token: str
     logprob: float | None  # None: the prompt's first token, which nothing predicts
     top: list[tuple[str, float]]  # the best alternatives, best first
+    token_id: int | None = None  # where known: the token's id, and its alternatives'
+    top_ids: list[int] = field(default_factory=list)
+
+    def as_token_ids(self) -> TokenLogprob:
+        """vLLM's return_tokens_as_token_ids: each token named `token_id:<id>`, as text may not tell them apart."""
+        named = [(f"token_id:{i}", lp) for i, (_, lp) in zip(self.top_ids, self.top, strict=True)]
+        return dataclasses.replace(self, token=f"token_id:{self.token_id}", top=named)
 
 
 @dataclass
@@ -253,7 +261,9 @@ class Chunk:
         log_probs = output("output_log_probs").reshape(-1).tolist()
         top = output("top_log_probs")[0]
         top_texts = output("top_token_texts")[0]
+        top_ids = output("top_token_ids")[0]
         tokens = strings("token_texts")
+        ids = output("output_ids").reshape(-1).tolist()
         return cls(
             texts=[b.decode("utf-8") for b in output("text_output").reshape(-1)],
             finish_reason=scalar("finish_reason").decode(),
@@ -273,6 +283,8 @@ class Chunk:
                     [(t.decode("utf-8", "replace"), float(v)) for t, v in zip(top_texts[i], top[i], strict=True)]
                     if i < len(top)
                     else [],
+                    ids[i],
+                    top_ids[i].tolist() if i < len(top_ids) else [],
                 )
                 for i in range(len(log_probs))
             ],
@@ -287,7 +299,12 @@ def _prompt_log_probs(raw: bytes) -> dict:
     if not raw:
         return {}
     parsed = json.loads(raw)
-    tokens = [TokenLogprob(t["token"], t["logprob"], [tuple(top) for top in t["top"]]) for t in parsed["tokens"]]
+    tokens = [
+        TokenLogprob(
+            t["token"], t["logprob"], [(text, lp) for text, lp, _ in t["top"]], t["id"], [i for *_, i in t["top"]]
+        )
+        for t in parsed["tokens"]
+    ]
     return {"prompt_text": parsed["text"], "prompt_logprobs": tokens}
 
 

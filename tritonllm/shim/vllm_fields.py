@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 
 from ..request_parameters import INT32_MAX, LOWEST_PRIORITY
 from .errors import APIError
+from .triton_client import TokenLogprob
 
 
 class StructuredOutputs(BaseModel):
@@ -41,14 +42,12 @@ class VLLMFields(BaseModel):
     guided_regex: str | None = None
     guided_choice: Annotated[list[str], Field(min_length=1)] | None = None
     guided_grammar: str | None = None
-    # Not done here yet: refused when it asks for something (refuse_unhonoured).
+    # log-probs name each token `token_id:<id>`, as text alone may not tell tokens apart (RL trainers ask it)
     return_tokens_as_token_ids: bool | None = None
 
-    def refuse_unhonoured(self) -> None:
-        if self.return_tokens_as_token_ids:
-            raise APIError(
-                400, "return_tokens_as_token_ids: this server does not support it", "return_tokens_as_token_ids"
-            )
+    def named(self, tokens: list[TokenLogprob]) -> list[TokenLogprob]:
+        """Log-probs' tokens as the request wants them named."""
+        return [t.as_token_ids() for t in tokens] if self.return_tokens_as_token_ids else tokens
 
     @property
     def engine_priority(self) -> int | None:

@@ -70,8 +70,10 @@ def postprocess(tokenizer, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarra
     if top_ids.size:
         top_texts = [[decode([int(t)]).encode() for t in row] for row in top_ids]
         outputs["top_token_texts"] = np.array(top_texts, dtype=np.object_).reshape(top_ids.shape)[None]
+        outputs["top_token_ids"] = top_ids.astype(np.int32)[None]
     else:
         outputs["top_token_texts"] = np.zeros((1, 0, 0), dtype=np.object_)
+        outputs["top_token_ids"] = np.zeros((1, 0, 0), dtype=np.int32)
     outputs.update((name, status[name]) for name in FROM_STATUS)
     outputs["prompt_log_probs_json"] = _strings([_prompt_log_probs(tokenizer, inputs["prompt_log_probs"][0])])[None]
     outputs.update((name, inputs[name]) for name in PASSED_ON if name in inputs)
@@ -80,17 +82,18 @@ def postprocess(tokenizer, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarra
 
 def _prompt_log_probs(tokenizer, rows: np.ndarray) -> str:
     """The llm's [token id, log-prob, k ids, k log-probs] rows as JSON: the prompt's text, and each token's text,
-    log-probability and alternatives."""
+    id, log-probability and alternatives ([text, log-probability, id] each)."""
     if not len(rows):
         return ""
     decode, k = tokenizer.decode, (rows.shape[1] - 2) // 2
 
     def entry(row: np.ndarray) -> dict:
-        token, logprob = decode([int(row[0])]), float(row[1])
+        token_id, logprob = int(row[0]), float(row[1])
+        token = decode([token_id])
         if np.isnan(logprob):  # the first token: nothing predicts it
-            return {"token": token, "logprob": None, "top": []}
-        top = [[decode([int(t)]), float(v)] for t, v in zip(row[2 : 2 + k], row[2 + k :], strict=True)]
-        return {"token": token, "logprob": logprob, "top": top}
+            return {"token": token, "id": token_id, "logprob": None, "top": []}
+        top = [[decode([int(t)]), float(v), int(t)] for t, v in zip(row[2 : 2 + k], row[2 + k :], strict=True)]
+        return {"token": token, "id": token_id, "logprob": logprob, "top": top}
 
     prompt = decode([int(row[0]) for row in rows])
     return json.dumps({"text": prompt, "tokens": [entry(row) for row in rows]}, ensure_ascii=False)
