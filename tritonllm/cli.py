@@ -151,6 +151,7 @@ def serve(args: argparse.Namespace) -> int:
             tool_call_parser=parser,
             reasoning_parser=reasoning_parser,
             reasoning_budget=args.reasoning_budget,
+            guide_reasoning=args.guide_reasoning,
             trust_request_chat_template=args.trust_request_chat_template,
             strict_request_fields=args.strict_request_fields,
             api_key=args.api_key,
@@ -192,6 +193,7 @@ def shim(args: argparse.Namespace) -> int:
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
         reasoning_budget=args.reasoning_budget,
+        guide_reasoning=args.guide_reasoning,
         trust_request_chat_template=args.trust_request_chat_template,
         strict_request_fields=args.strict_request_fields,
         api_key=args.api_key,
@@ -286,6 +288,12 @@ def _add_access_options(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="a reasoning model's thinking tokens before its closing tag is forced and the answer follows, for "
         "chats that give no max_thinking_tokens (llama.cpp's flag; default -1: no limit, 0: no thinking)",
+    )
+    p.add_argument(
+        "--guide-reasoning",
+        action="store_true",
+        help="constrained decoding (response_format, forced tool calls, guided_*) from a reasoning model's first "
+        "token, its thinking included (default: the model thinks freely and the grammar holds its answer, as vLLM)",
     )
     p.add_argument(
         "--trust-request-chat-template",

@@ -6,6 +6,7 @@ forced into shape by a guided regex, so that both parts are there whatever its r
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,9 @@ from thinking_models import thinking_model
 from transformers import AutoTokenizer
 from triton_helpers import Stream, tensor
 
-from .conftest import running_serve
+from tritonllm.shim.settings import ShimSettings
+
+from .conftest import running_serve, running_shim
 
 ASK = [{"role": "user", "content": "Think, then answer."}]
 THOUGHT = r"[a-z]{3,8}( [a-z]{3,8}){2,4}"
@@ -34,7 +37,8 @@ WEATHER = {
 class Served:
     style: str
     model_dir: Path
-    client: openai.OpenAI
+    client: openai.OpenAI  # `serve`'s shim, as it starts
+    guided: openai.OpenAI  # a second shim on the same tritonserver, with --guide-reasoning
     grpc_url: str
 
     @property
@@ -49,7 +53,7 @@ class Served:
 
     def chat(self, regex: str, stream: bool = False, **fields):
         extra = {key: fields.pop(key) for key in ("chat_template_kwargs",) if key in fields}
-        return self.client.chat.completions.create(
+        return self.guided.chat.completions.create(
             model=self.model,
             messages=ASK,
             max_tokens=fields.pop("max_tokens", 60),
@@ -82,7 +86,11 @@ def served(request, tiny_model_dir, tmp_path_factory) -> Served:
     with running_serve(model, root, "--no-embedding") as ports:
         base = f"http://127.0.0.1:{ports['--shim-port']}/v1"
         client = openai.OpenAI(base_url=base, api_key="-", max_retries=0)
-        yield Served(request.param, model, client, f"127.0.0.1:{ports['--grpc-port']}")
+        grpc_url = f"127.0.0.1:{ports['--grpc-port']}"
+        settings = ShimSettings(grpc_url, model.name, reasoning_parser=request.param, guide_reasoning=True)
+        with running_shim(settings) as url:
+            guided = openai.OpenAI(base_url=f"{url}/v1", api_key="-", max_retries=0)
+            yield Served(request.param, model, client, guided, grpc_url)
     assert f"reasoning parser: {request.param}" in (root / "serve.log").read_text()
 
 
@@ -130,7 +138,7 @@ def test_chat_template_kwargs_turn_thinking_off(served):
 
 def test_the_responses_api_gives_a_reasoning_item_before_the_message(served):
     chat = served.chat(served.regex()).choices[0].message
-    response = served.client.responses.create(
+    response = served.guided.responses.create(
         model=served.model,
         input=ASK[0]["content"],
         max_output_tokens=60,
@@ -143,7 +151,7 @@ def test_the_responses_api_gives_a_reasoning_item_before_the_message(served):
     assert response.output_text == chat.content
     assert response.usage.output_tokens_details.reasoning_tokens > 0
     events = list(
-        served.client.responses.create(
+        served.guided.responses.create(
             model=served.model,
             input=ASK[0]["content"],
             max_output_tokens=60,
@@ -171,9 +179,26 @@ def test_max_thinking_tokens_forces_the_closing_tag_and_the_answer_follows(serve
         assert thought and free.model_extra["reasoning_content"].startswith(thought) and message.content
         closing = AutoTokenizer.from_pretrained(served.model_dir).encode("</think>", add_special_tokens=False)
         assert budgeted.usage.completion_tokens_details.reasoning_tokens == 4 + len(closing)
-    with pytest.raises(openai.BadRequestError) as info:
-        served.client.chat.completions.create(**ask, extra_body={"max_thinking_tokens": 4, "guided_regex": "[a-z]+"})
+    with pytest.raises(openai.BadRequestError) as info:  # a grammar over the thinking too leaves no room for it
+        served.guided.chat.completions.create(**ask, extra_body={"max_thinking_tokens": 4, "guided_regex": "[a-z]+"})
     assert info.value.body["param"] == "max_thinking_tokens"
+
+
+def test_a_grammar_holds_the_answer_and_leaves_the_thinking_free(served):
+    """As vLLM's reasoning-aware structured outputs: the model thinks freely (here 3 tokens, then the budget
+    closes the block), then answers under the grammar."""
+    ask = {"model": served.model, "messages": ASK, "max_tokens": 40, "temperature": 0}
+    free = served.client.chat.completions.create(**ask).choices[0].message
+    extra = {"max_thinking_tokens": 3, "guided_regex": ANSWER}
+    guided = served.client.chat.completions.create(**ask, extra_body=extra)
+    message = guided.choices[0].message
+    assert re.fullmatch(ANSWER, message.content), message.content
+    if served.style == "deepseek_r1":  # the thinking: the free answer's first tokens
+        thought = message.model_extra["reasoning_content"]
+        assert thought and free.model_extra["reasoning_content"].startswith(thought)
+    streamed = served.client.chat.completions.create(**ask, extra_body=extra, stream=True)
+    deltas = [c.choices[0].delta for c in streamed if c.choices]
+    assert "".join(d.content or "" for d in deltas) == message.content
 
 
 def test_a_triton_client_gets_the_budget_from_the_prompt_alone(served):

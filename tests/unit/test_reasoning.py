@@ -91,7 +91,7 @@ def test_a_request_that_turns_thinking_off_starts_outside_the_block():
     assert not qwen3.opens_answer(None) and not qwen3.opens_answer({"enable_thinking": True})
 
 
-def test_the_servers_budget_applies_where_the_chat_gives_none_and_nothing_forbids_it():
+def test_the_servers_budget_applies_where_the_chat_gives_none_and_the_model_thinks():
     from tritonllm.shim.errors import APIError
     from tritonllm.shim.openai_protocol import ChatRequest
     from tritonllm.shim.openai_serving import thinking_budget
@@ -101,10 +101,10 @@ def test_the_servers_budget_applies_where_the_chat_gives_none_and_nothing_forbid
         return ChatRequest(model="m", messages=[{"role": "user", "content": "hi"}], **fields)
 
     server = ShimSettings(reasoning_parser="qwen3", reasoning_budget=64)
-    assert thinking_budget(chat(), server, applies=True) == 64
-    assert thinking_budget(chat(max_thinking_tokens=5), server, applies=True) == 5
-    assert thinking_budget(chat(), server, applies=False) is None  # e.g. under a grammar: the default stands aside
-    assert thinking_budget(chat(), ShimSettings(reasoning_parser="qwen3"), applies=True) is None
+    assert thinking_budget(chat(), server, thinks=True) == 64
+    assert thinking_budget(chat(max_thinking_tokens=5), server, thinks=True) == 5
+    assert thinking_budget(chat(), server, thinks=False) is None  # a model that does not think: no default
+    assert thinking_budget(chat(), ShimSettings(reasoning_parser="qwen3"), thinks=True) is None
     with pytest.raises(APIError) as refused:  # asked for by the request: never dropped silently
-        thinking_budget(chat(max_thinking_tokens=5), server, applies=False)
+        thinking_budget(chat(max_thinking_tokens=5), server, thinks=False)
     assert refused.value.param == "max_thinking_tokens"

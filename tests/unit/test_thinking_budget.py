@@ -3,6 +3,8 @@ tag is forced and the answer follows; against transformers' greedy generate() on
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from oracles import greedy_ids
 
@@ -27,14 +29,29 @@ def forced_along(budget: ThinkingBudget, output: list[int]) -> list[int | None]:
 def test_the_closing_tag_is_forced_once_the_budget_is_spent_and_never_again():
     inside = ThinkingBudget(2, (), END)
     assert forced_along(inside, [5, 6, *END, 7, 8]) == [None, None, *END, None, None]
-    opened_later = ThinkingBudget(1, (100, 101), END)
-    assert forced_along(opened_later, [9, 100, 101, 5, *END, 7]) == [None, None, None, None, *END, None]
+    opened_first = ThinkingBudget(1, (100, 101), END)
+    assert forced_along(opened_first, [100, 101, 5, *END, 7]) == [None, None, None, *END, None]
+    not_opened_first = ThinkingBudget(0, (100, 101), END)  # the block opens with the answer's first tokens or never
+    assert forced_along(not_opened_first, [9, 100, 101, 5, 6]) == [None] * 5
     closed_in_time = ThinkingBudget(5, (), END)
     assert forced_along(closed_in_time, [5, *END, 6, 7, 8, 9, 10]) == [None] * 9
-    never_opened = ThinkingBudget(0, (100,), END)
-    assert forced_along(never_opened, [5, 6, 7]) == [None] * 3
     zero = ThinkingBudget(0, (), END)
     assert forced_along(zero, [*END, 5]) == [*END, None]
+    followed_only = ThinkingBudget(None, (), END)
+    assert forced_along(followed_only, [5] * 50) == [None] * 50
+
+
+def test_the_answer_starts_where_the_block_closes_or_was_never_opened():
+    def answering_along(budget: ThinkingBudget, output: list[int]) -> list[bool]:
+        tracker, answering = ThinkingTracker(budget), []
+        for token in output:
+            answering.append(tracker.answering)
+            tracker.advance(token)
+        return answering
+
+    assert answering_along(ThinkingBudget(None, (), END), [5, *END, 6]) == [False] * 4 + [True]
+    assert answering_along(ThinkingBudget(None, (100,), END), [100, 5, *END, 6]) == [False] * 5 + [True]
+    assert answering_along(ThinkingBudget(None, (100,), END), [7, 8]) == [False, True]
 
 
 def continued(hf_model, prompt: list[int], forced_prefix: list[int], total: int) -> list[int]:
@@ -76,3 +93,51 @@ def test_a_sampled_answer_gets_the_tag_at_the_budget(tiny_model_dir):
     run(engine, seqs)
     for seq in seqs:
         assert tuple(seq.output_ids[4:7]) == END
+
+
+def test_a_grammar_constrains_the_answer_after_the_thinking(tiny_model_dir, hf_model, tokenizer):
+    """With the prompt opening the block and a budget of 3: three free tokens, the tag, then the grammar's answer,
+    the same as the engine gives the prompt with those tokens and the tag appended, under the grammar from the
+    start."""
+    from tritonllm.engine.grammar import GrammarCompiler
+
+    compiler = GrammarCompiler(tokenizer)
+    regex = r"[a-z]{2,6}!"
+    engine = make_engine(tiny_model_dir)
+    prompts = random_prompts(2, seed=13)
+    free = [greedy_ids(hf_model, p, 3) for p in prompts]
+    thinking, plain = [], []
+    for prompt, f in zip(prompts, free, strict=True):
+        seq = Sequence(prompt, SamplingParams(max_tokens=20, thinking_budget=ThinkingBudget(3, (), END)))
+        seq.grammar = compiler.matcher("regex", regex)
+        ref = Sequence(prompt + f + list(END), SamplingParams(max_tokens=17))
+        ref.grammar = compiler.matcher("regex", regex)
+        thinking.append(seq)
+        plain.append(ref)
+    run(engine, thinking + plain)
+    for f, seq, ref in zip(free, thinking, plain, strict=True):
+        assert seq.output_ids[:6] == f + list(END)  # free thinking: what generate() says, then the forced tag
+        assert seq.output_ids[6:] == ref.output_ids
+        assert re.fullmatch(regex, tokenizer.decode(ref.output_ids, skip_special_tokens=True))
+
+
+def test_an_answer_that_does_not_open_the_block_is_the_grammars_from_its_first_token(tiny_model_dir, tokenizer):
+    import torch
+
+    from tritonllm.engine.grammar import GrammarCompiler
+
+    compiler = GrammarCompiler(tokenizer)
+    start = 300
+    never_start = torch.zeros(len(tokenizer))
+    never_start[start] = -100.0  # the model never opens the block
+    engine = make_engine(tiny_model_dir)
+    seqs = []
+    for prompt in random_prompts(3, seed=14):
+        params = SamplingParams(
+            max_tokens=12, embedding_bias=never_start, thinking_budget=ThinkingBudget(None, (start,), END)
+        )
+        seqs.append(Sequence(prompt, params))
+        seqs[-1].grammar = compiler.matcher("regex", r"[a-z]{2}!")
+    run(engine, seqs)
+    for seq in seqs:
+        assert re.fullmatch(r"[a-z]{2}!", tokenizer.decode(seq.output_ids, skip_special_tokens=True))

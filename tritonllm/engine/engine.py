@@ -78,9 +78,8 @@ class LLMEngine:
             raise RequestError(
                 "guided_decoding_guide", "guided_decoding_guide needs beam_width=1 and no draft_input_ids"
             )
-        if p.thinking_budget is not None and (p.beam_width > 1 or seq.grammar is not None):
-            # a forced closing tag could break a grammar; beams search on the unforced logits
-            raise RequestError("thinking_budget", "thinking_budget needs beam_width=1 and no guided decoding")
+        if p.thinking_budget is not None and p.beam_width > 1:  # beams search on the unforced logits
+            raise RequestError("thinking_end_ids", "a thinking block is followed with beam_width=1 only")
         if p.beam_width > 1:
             max_tokens = min(p.max_tokens, self.max_model_len - seq.num_prompt_tokens)
             seq.beam = BeamSearch(seq, p.beam_width, p.length_penalty, p.early_stopping, max_tokens)
@@ -294,10 +293,9 @@ class LLMEngine:
     @staticmethod
     def _record(seq: Sequence, sampled: Sampled, raw_logits: torch.Tensor) -> None:
         seq.token_ids.append(sampled.token)
-        if seq.grammar is not None:
+        answer = seq.thinking is None or seq.thinking.advance(sampled.token)
+        if seq.grammar is not None and answer:
             seq.grammar.advance(sampled.token)
-        if seq.thinking is not None:
-            seq.thinking.advance(sampled.token)
         if sampled.logprob is not None:
             seq.logprobs.append(sampled.logprob)
         if sampled.top_ids is not None:

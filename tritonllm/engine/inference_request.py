@@ -210,12 +210,14 @@ def _params(get: TensorLookup, vocab_size: int) -> SamplingParams:
 
 
 def _thinking_budget(get: TensorLookup, vocab_size: int) -> ThinkingBudget | None:
+    """The thinking block followed when its tags are given (a grammar then waits for its end), with the
+    request's budget if any."""
     tokens = read(get, "thinking_budget")
-    if tokens is None:
-        return None
     end_ids = _token_ids(get, "thinking_end_ids", vocab_size)
     if not end_ids:
-        raise RequestError("thinking_end_ids", "thinking_budget needs thinking_end_ids: the closing tag's token ids")
+        if tokens is not None:
+            raise RequestError("thinking_end_ids", "thinking_budget needs thinking_end_ids: the closing tag's ids")
+        return None
     return ThinkingBudget(tokens, tuple(_token_ids(get, "thinking_start_ids", vocab_size)), tuple(end_ids))
 
 

@@ -84,7 +84,7 @@ def sample_one(raw: torch.Tensor, seq: Sequence, argmax: int | None = None, draf
     p = seq.params
     row = process(raw, seq)
     if seq.grammar is not None:
-        row = seq.grammar.mask(row)
+        row = _constrained(row, seq)
     forced = None if seq.thinking is None else seq.thinking.forced()
     if forced is not None:  # the thinking's budget is spent: its closing tag comes next
         row = torch.full_like(row, float("-inf"))
@@ -110,6 +110,23 @@ def sample_one(raw: torch.Tensor, seq: Sequence, argmax: int | None = None, draf
             top = torch.topk(logprobs, p.top_log_probs)
             result.top_ids, result.top_logprobs = top.indices.tolist(), top.values.tolist()
     return result
+
+
+def _constrained(row: torch.Tensor, seq: Sequence) -> torch.Tensor:
+    """The grammar's mask, on the answer only: inside a thinking block the model is free, and before it the
+    block's opening tag stays allowed beside what the grammar allows."""
+    thinking = seq.thinking
+    if thinking is None or thinking.answering:
+        return seq.grammar.mask(row)
+    opening = thinking.opening_token()
+    if opening is None:
+        return row
+    if thinking.opened:  # the opening tag begun: only its next token
+        masked = torch.full_like(row, float("-inf"))
+    else:
+        masked = seq.grammar.mask(row)
+    masked[opening] = row[opening]
+    return masked
 
 
 def _finite(logits: torch.Tensor) -> torch.Tensor:

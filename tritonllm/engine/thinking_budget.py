@@ -1,11 +1,12 @@
-"""A reasoning model's thinking held to a budget of tokens, as llama.cpp's reasoning budget holds it: once the
-thinking block has run `tokens` tokens without closing, its closing tag is forced token by token, and the answer
-follows from the model as usual. Until then nothing changes: a greedy answer that closes its block in time is
-the same token for token.
+"""A reasoning model's thinking block, followed token by token: held to a budget of tokens, as llama.cpp's
+reasoning budget holds it (once the block has run `tokens` tokens without closing, its closing tag is forced
+token by token, and the answer follows from the model as usual), and kept out of a grammar's reach (a request's
+constraint applies to the answer after the block, as vLLM's reasoning-aware structured outputs do).
 
-The tags are token ids (preprocessing tokenizes `<think>` and `</think>`): the block opens where the output
-first holds the opening ids (or at once, when the prompt opened it) and closes where it next holds the closing
-ids, however the model got there.
+The tags are token ids (preprocessing tokenizes `<think>` and `</think>`). The block is open from the start when
+the prompt opened it (no opening ids), or when the output starts with the opening ids; it closes where the
+output next holds the closing ids, however the model got there. Without a budget nothing is forced: a greedy
+answer is the same token for token.
 """
 
 from __future__ import annotations
@@ -15,37 +16,53 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ThinkingBudget:
-    tokens: int  # thinking tokens allowed, the opening tag not counted
+    tokens: int | None  # thinking tokens allowed, the opening tag not counted; None: no limit (tracked only)
     start_ids: tuple[int, ...]  # the opening tag; empty: the prompt opened the block, the answer starts inside
     end_ids: tuple[int, ...]  # the closing tag
 
 
 class ThinkingTracker:
-    """Where one sequence's output stands against its budget, advanced with each token it gets."""
+    """Where one sequence's output stands: `before` (it may still open the block), `inside`, or `after` (the
+    answer, the block closed or never opened)."""
 
     def __init__(self, budget: ThinkingBudget) -> None:
         self.budget = budget
         self.phase = "inside" if not budget.start_ids else "before"
+        self.opened = 0  # tokens of the opening tag written so far
         self.spent = 0  # tokens inside the block so far
-        self.recent: list[int] = []  # the last tokens, as many as the longer tag
+        self.recent: list[int] = []  # the last tokens inside the block, as many as the closing tag
 
-    def advance(self, token: int) -> None:
+    def advance(self, token: int) -> bool:
+        """Takes the output's next token; True when it belongs to the answer (not to the block or its tags)."""
         budget = self.budget
-        self.recent = (self.recent + [token])[-max(len(budget.start_ids), len(budget.end_ids)) :]
-        if self.phase == "before" and _ends_with(self.recent, budget.start_ids):
-            self.phase = "inside"
+        if self.phase == "before":
+            if token != budget.start_ids[self.opened]:
+                self.phase = "after"
+                return True
+            self.opened += 1
+            if self.opened == len(budget.start_ids):
+                self.phase = "inside"
         elif self.phase == "inside":
             self.spent += 1
-            if _ends_with(self.recent, budget.end_ids):
+            self.recent = (self.recent + [token])[-len(budget.end_ids) :]
+            if tuple(self.recent) == budget.end_ids:
                 self.phase = "after"
+        else:
+            return True
+        return False
+
+    @property
+    def answering(self) -> bool:
+        """Whether the next token belongs to the answer, where a grammar applies."""
+        return self.phase == "after"
+
+    def opening_token(self) -> int | None:
+        """The opening tag's next token, while the output may still open the block."""
+        return self.budget.start_ids[self.opened] if self.phase == "before" else None
 
     def forced(self) -> int | None:
         """The token the closing forces next; None while the model chooses."""
-        if self.phase != "inside":
+        if self.phase != "inside" or self.budget.tokens is None:
             return None
         k = self.spent - self.budget.tokens
         return self.budget.end_ids[k] if 0 <= k < len(self.budget.end_ids) else None
-
-
-def _ends_with(tokens: list[int], tag: tuple[int, ...]) -> bool:
-    return len(tokens) >= len(tag) and tuple(tokens[len(tokens) - len(tag) :]) == tag

@@ -154,14 +154,25 @@ def chat_generation(body: ChatRequest, settings: ShimSettings, where: str = "mes
         )
     guide = body.guide(FORMATS[settings.tool_call_parser])
     thinking = reasoning.FORMATS.get(settings.reasoning_parser)
-    budget = thinking_budget(body, settings, thinking is not None and guide is None)
+    budget = thinking_budget(body, settings, thinking is not None)
+    guides_thinking = guide is not None and settings.guide_reasoning  # the grammar from the first token
+    if guides_thinking and budget is not None:
+        if body.max_thinking_tokens is not None:
+            raise APIError(
+                400,
+                "max_thinking_tokens cannot be combined with constrained decoding on this server (--guide-reasoning)",
+                "max_thinking_tokens",
+            )
+        budget = None
+    # the engine follows the thinking block where it must: to cut it short, or to keep a grammar for the answer
+    follow = thinking is not None and (budget is not None or (guide is not None and not guides_thinking))
     return body.generation_request(
         settings.default_max_tokens,
         messages=messages,
         tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
         guide=guide,
         thinking_budget=budget,
-        thinking_open=None if budget is None else thinking.opens_answer(body.chat_template_kwargs),
+        thinking_open=thinking.opens_answer(body.chat_template_kwargs) if follow else None,
         logprobs=bool(body.logprobs) or None,
         top_logprobs=body.top_logprobs if body.logprobs else None,
         prediction=prediction,
@@ -172,18 +183,13 @@ def chat_generation(body: ChatRequest, settings: ShimSettings, where: str = "mes
     )
 
 
-def thinking_budget(body: ChatRequest, settings: ShimSettings, applies: bool) -> int | None:
-    """The chat's max_thinking_tokens, else the server's --reasoning-budget; `applies`: the model thinks and the
-    answer is not constrained (a forced closing tag could break a grammar)."""
+def thinking_budget(body: ChatRequest, settings: ShimSettings, thinks: bool) -> int | None:
+    """The chat's max_thinking_tokens, else the server's --reasoning-budget; `thinks`: the model has a
+    reasoning format (a budget for a model that writes no thinking block is a 400)."""
     if body.max_thinking_tokens is None:
-        return settings.reasoning_budget if applies and settings.reasoning_budget >= 0 else None
-    if not applies:
-        why = (
-            "the model's answers have no thinking block"
-            if settings.reasoning_parser == reasoning.NONE
-            else ("it cannot be combined with constrained decoding (response_format, a forced tool, guided_*)")
-        )
-        raise APIError(400, f"max_thinking_tokens: {why}", "max_thinking_tokens")
+        return settings.reasoning_budget if thinks and settings.reasoning_budget >= 0 else None
+    if not thinks:
+        raise APIError(400, "max_thinking_tokens: the model's answers have no thinking block", "max_thinking_tokens")
     return body.max_thinking_tokens
 
 

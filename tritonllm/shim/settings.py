@@ -22,6 +22,9 @@ class ShimSettings:
     reasoning_parser: str = "none"
     # thinking tokens a chat may spend before its closing tag is forced, unless it says max_thinking_tokens; -1: any
     reasoning_budget: int = -1
+    # constrained decoding (response_format, forced tools, guided_*) from the first token, thinking included; by
+    # default a reasoning model thinks freely and the grammar applies to its answer (vLLM's enable_in_reasoning)
+    guide_reasoning: bool = False
     # whether a request may bring its own chat template (vLLM's --trust-request-chat-template)
     trust_request_chat_template: bool = False
     # a field an OpenAI-style body does not declare: False, dropped with a Warning header (as vLLM); True, a 400

@@ -165,11 +165,11 @@ class TritonPythonModel:
         )
 
     def _thinking_tags(self, request, ids: list[int]) -> tuple[list[int], list[int]]:
-        """With a thinking_budget, the ids of the tags the llm watches for: the opening one (none when the answer
-        starts inside the block) and the closing one it forces."""
-        if pb_utils.get_input_tensor_by_name(request, "thinking_budget") is None:
-            return [], []
+        """With a thinking_budget or thinking_open, the ids of the tags the llm follows the thinking block by: the
+        opening one (none when the answer starts inside the block) and the closing one."""
         opened = pb_utils.get_input_tensor_by_name(request, "thinking_open")
+        if opened is None and pb_utils.get_input_tensor_by_name(request, "thinking_budget") is None:
+            return [], []
         if opened is None:
             inside = leaves_block_open(self.tokenizer.decode(ids))
         else:
