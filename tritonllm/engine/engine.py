@@ -78,7 +78,7 @@ class LLMEngine:
             raise RequestError(
                 "guided_decoding_guide", "guided_decoding_guide needs beam_width=1 and no draft_input_ids"
             )
-        if p.thinking_budget is not None and p.beam_width > 1:  # beams search on the unforced logits
+        if p.thinking is not None and p.beam_width > 1:  # beams search on the unforced logits
             raise RequestError("thinking_end_ids", "a thinking block is followed with beam_width=1 only")
         if p.beam_width > 1:
             max_tokens = min(p.max_tokens, self.max_model_len - seq.num_prompt_tokens)

@@ -17,7 +17,7 @@ from ..errors import RequestError
 from ..request_parameters import EARLY_STOPPING, TensorLookup, read, scalar
 from ..tokenizer.word_lists import decode_word_list
 from .sampling_params import NO_END_ID, SamplingParams
-from .thinking_budget import ThinkingBudget
+from .thinking_block import ThinkingBlock
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ def _params(get: TensorLookup, vocab_size: int) -> SamplingParams:
         bad_words=_word_list(get, "bad_words_list", vocab_size),
         min_tokens=_either(get, "min_length", "min_tokens"),
         stop_words=_word_list(get, "stop_words_list", vocab_size),
-        thinking_budget=_thinking_budget(get, vocab_size),
+        thinking=_thinking_block(get, vocab_size),
         beam_width=read(get, "beam_width"),
         length_penalty=read(get, "len_penalty"),
         early_stopping=EARLY_STOPPING[read(get, "early_stopping")],
@@ -209,7 +209,7 @@ def _params(get: TensorLookup, vocab_size: int) -> SamplingParams:
     )
 
 
-def _thinking_budget(get: TensorLookup, vocab_size: int) -> ThinkingBudget | None:
+def _thinking_block(get: TensorLookup, vocab_size: int) -> ThinkingBlock | None:
     """The thinking block followed when its tags are given (a grammar then waits for its end), with the
     request's budget if any."""
     tokens = read(get, "thinking_budget")
@@ -218,7 +218,7 @@ def _thinking_budget(get: TensorLookup, vocab_size: int) -> ThinkingBudget | Non
         if tokens is not None:
             raise RequestError("thinking_end_ids", "thinking_budget needs thinking_end_ids: the closing tag's ids")
         return None
-    return ThinkingBudget(tokens, tuple(_token_ids(get, "thinking_start_ids", vocab_size)), tuple(end_ids))
+    return ThinkingBlock(tokens, tuple(_token_ids(get, "thinking_start_ids", vocab_size)), tuple(end_ids))
 
 
 def _embedding_bias(get: TensorLookup, vocab_size: int) -> torch.Tensor | None:

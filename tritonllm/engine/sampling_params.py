@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .thinking_budget import ThinkingBudget
+from .thinking_block import ThinkingBlock
 
 NO_END_ID = -1
 
@@ -32,7 +32,7 @@ class SamplingParams:
     bad_words: list[list[int]] = field(default_factory=list)
     min_tokens: int = 0  # end_id is banned until this many tokens were generated
     stop_words: list[list[int]] = field(default_factory=list)  # generation ends after any of these
-    thinking_budget: ThinkingBudget | None = None  # a reasoning model's thinking cut short (thinking_budget.py)
+    thinking: ThinkingBlock | None = None  # a reasoning model's thinking block, followed (thinking_block.py)
     # Beam search (beam_width > 1), with transformers' rules: see beam_search.py.
     beam_width: int = 1
     length_penalty: float = 1.0

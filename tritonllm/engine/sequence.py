@@ -14,7 +14,7 @@ import torch
 from ..request_parameters import DEFAULT_PRIORITY
 from .lora import Adapter
 from .sampling_params import SamplingParams
-from .thinking_budget import ThinkingTracker
+from .thinking_block import ThinkingTracker
 
 if TYPE_CHECKING:
     from .beam_search import BeamSearch
@@ -66,7 +66,7 @@ class Sequence:
     adapter: Adapter | None = None  # LoRA
     beam: BeamSearch | None = None  # the search this sequence is a live beam of
     grammar: Grammar | None = None  # constrains which tokens may come next
-    thinking: ThinkingTracker | None = field(init=False, default=None)  # with params.thinking_budget
+    thinking: ThinkingTracker | None = field(init=False, default=None)  # with params.thinking
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     arrival_time: float = field(default_factory=time.monotonic)
@@ -86,8 +86,8 @@ class Sequence:
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_ids)
         self.drafts_from_request = bool(self.draft_tokens)  # the engine drafts no more for it
-        budget = self.params.thinking_budget
-        self.thinking = None if budget is None else ThinkingTracker(budget)
+        block = self.params.thinking
+        self.thinking = None if block is None else ThinkingTracker(block)
 
     def random_stream(self, device: torch.device) -> torch.Generator:
         """This sequence's own random stream, on the device its logits are on: its samples do not depend on what

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class ThinkingBudget:
+class ThinkingBlock:
     tokens: int | None  # thinking tokens allowed, the opening tag not counted; None: no limit (tracked only)
     start_ids: tuple[int, ...]  # the opening tag; empty: the prompt opened the block, the answer starts inside
     end_ids: tuple[int, ...]  # the closing tag
@@ -25,27 +25,27 @@ class ThinkingTracker:
     """Where one sequence's output stands: `before` (it may still open the block), `inside`, or `after` (the
     answer, the block closed or never opened)."""
 
-    def __init__(self, budget: ThinkingBudget) -> None:
-        self.budget = budget
-        self.phase = "inside" if not budget.start_ids else "before"
+    def __init__(self, block: ThinkingBlock) -> None:
+        self.block = block
+        self.phase = "inside" if not block.start_ids else "before"
         self.opened = 0  # tokens of the opening tag written so far
         self.spent = 0  # tokens inside the block so far
         self.recent: list[int] = []  # the last tokens inside the block, as many as the closing tag
 
     def advance(self, token: int) -> bool:
         """Takes the output's next token; True when it belongs to the answer (not to the block or its tags)."""
-        budget = self.budget
+        block = self.block
         if self.phase == "before":
-            if token != budget.start_ids[self.opened]:
+            if token != block.start_ids[self.opened]:
                 self.phase = "after"
                 return True
             self.opened += 1
-            if self.opened == len(budget.start_ids):
+            if self.opened == len(block.start_ids):
                 self.phase = "inside"
         elif self.phase == "inside":
             self.spent += 1
-            self.recent = (self.recent + [token])[-len(budget.end_ids) :]
-            if tuple(self.recent) == budget.end_ids:
+            self.recent = (self.recent + [token])[-len(block.end_ids) :]
+            if tuple(self.recent) == block.end_ids:
                 self.phase = "after"
         else:
             return True
@@ -58,11 +58,11 @@ class ThinkingTracker:
 
     def opening_token(self) -> int | None:
         """The opening tag's next token, while the output may still open the block."""
-        return self.budget.start_ids[self.opened] if self.phase == "before" else None
+        return self.block.start_ids[self.opened] if self.phase == "before" else None
 
     def forced(self) -> int | None:
         """The token the closing forces next; None while the model chooses."""
-        if self.phase != "inside" or self.budget.tokens is None:
+        if self.phase != "inside" or self.block.tokens is None:
             return None
-        k = self.spent - self.budget.tokens
-        return self.budget.end_ids[k] if 0 <= k < len(self.budget.end_ids) else None
+        k = self.spent - self.block.tokens
+        return self.block.end_ids[k] if 0 <= k < len(self.block.end_ids) else None

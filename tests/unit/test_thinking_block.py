@@ -1,5 +1,6 @@
-"""A reasoning model's thinking held to a budget (tritonllm/engine/thinking_budget.py): once spent, the closing
-tag is forced and the answer follows; against transformers' greedy generate() on the prefix the budget forced."""
+"""A reasoning model's thinking block followed (tritonllm/engine/thinking_block.py): once its budget is spent the
+closing tag is forced and the answer follows (against transformers' greedy generate() on the prefix the budget
+forced), and a grammar holds the answer only."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ from oracles import greedy_ids
 
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import Sequence
-from tritonllm.engine.thinking_budget import ThinkingBudget, ThinkingTracker
+from tritonllm.engine.thinking_block import ThinkingBlock, ThinkingTracker
 
 from .test_engine import make_engine, random_prompts, run
 
 END = (201, 202, 203)  # a closing tag of three tokens
 
 
-def forced_along(budget: ThinkingBudget, output: list[int]) -> list[int | None]:
+def forced_along(budget: ThinkingBlock, output: list[int]) -> list[int | None]:
     """What the tracker forces before each token of `output`."""
     tracker, forced = ThinkingTracker(budget), []
     for token in output:
@@ -27,31 +28,31 @@ def forced_along(budget: ThinkingBudget, output: list[int]) -> list[int | None]:
 
 
 def test_the_closing_tag_is_forced_once_the_budget_is_spent_and_never_again():
-    inside = ThinkingBudget(2, (), END)
+    inside = ThinkingBlock(2, (), END)
     assert forced_along(inside, [5, 6, *END, 7, 8]) == [None, None, *END, None, None]
-    opened_first = ThinkingBudget(1, (100, 101), END)
+    opened_first = ThinkingBlock(1, (100, 101), END)
     assert forced_along(opened_first, [100, 101, 5, *END, 7]) == [None, None, None, *END, None]
-    not_opened_first = ThinkingBudget(0, (100, 101), END)  # the block opens with the answer's first tokens or never
+    not_opened_first = ThinkingBlock(0, (100, 101), END)  # the block opens with the answer's first tokens or never
     assert forced_along(not_opened_first, [9, 100, 101, 5, 6]) == [None] * 5
-    closed_in_time = ThinkingBudget(5, (), END)
+    closed_in_time = ThinkingBlock(5, (), END)
     assert forced_along(closed_in_time, [5, *END, 6, 7, 8, 9, 10]) == [None] * 9
-    zero = ThinkingBudget(0, (), END)
+    zero = ThinkingBlock(0, (), END)
     assert forced_along(zero, [*END, 5]) == [*END, None]
-    followed_only = ThinkingBudget(None, (), END)
+    followed_only = ThinkingBlock(None, (), END)
     assert forced_along(followed_only, [5] * 50) == [None] * 50
 
 
 def test_the_answer_starts_where_the_block_closes_or_was_never_opened():
-    def answering_along(budget: ThinkingBudget, output: list[int]) -> list[bool]:
+    def answering_along(budget: ThinkingBlock, output: list[int]) -> list[bool]:
         tracker, answering = ThinkingTracker(budget), []
         for token in output:
             answering.append(tracker.answering)
             tracker.advance(token)
         return answering
 
-    assert answering_along(ThinkingBudget(None, (), END), [5, *END, 6]) == [False] * 4 + [True]
-    assert answering_along(ThinkingBudget(None, (100,), END), [100, 5, *END, 6]) == [False] * 5 + [True]
-    assert answering_along(ThinkingBudget(None, (100,), END), [7, 8]) == [False, True]
+    assert answering_along(ThinkingBlock(None, (), END), [5, *END, 6]) == [False] * 4 + [True]
+    assert answering_along(ThinkingBlock(None, (100,), END), [100, 5, *END, 6]) == [False] * 5 + [True]
+    assert answering_along(ThinkingBlock(None, (100,), END), [7, 8]) == [False, True]
 
 
 def continued(hf_model, prompt: list[int], forced_prefix: list[int], total: int) -> list[int]:
@@ -66,17 +67,17 @@ def test_greedy_output_is_generates_around_the_forced_tag(tiny_model_dir, hf_mod
     free = [greedy_ids(hf_model, p, 16) for p in prompts]
     cases = [
         # the prompt opened the block: 3 tokens of thinking, then the tag
-        (ThinkingBudget(3, (), END), lambda f: f[:3] + list(END)),
+        (ThinkingBlock(3, (), END), lambda f: f[:3] + list(END)),
         # the model opens it with its first two tokens: 2 more of thinking, then the tag
-        (lambda f: ThinkingBudget(2, tuple(f[:2]), END), lambda f: f[:4] + list(END)),
+        (lambda f: ThinkingBlock(2, tuple(f[:2]), END), lambda f: f[:4] + list(END)),
         # the model closes it within the budget itself: nothing is forced
-        (lambda f: ThinkingBudget(8, (), tuple(f[2:4])), lambda f: []),
+        (lambda f: ThinkingBlock(8, (), tuple(f[2:4])), lambda f: []),
     ]
     for make_budget, forced_prefix in cases:
         seqs = []
         for prompt, f in zip(prompts, free, strict=True):
             budget = make_budget(f) if callable(make_budget) else make_budget
-            seqs.append(Sequence(prompt, SamplingParams(max_tokens=16, thinking_budget=budget)))
+            seqs.append(Sequence(prompt, SamplingParams(max_tokens=16, thinking=budget)))
         run(engine, seqs)
         for prompt, f, seq in zip(prompts, free, seqs, strict=True):
             expected = continued(hf_model, prompt, forced_prefix(f), 16) if forced_prefix(f) else f
@@ -87,7 +88,7 @@ def test_greedy_output_is_generates_around_the_forced_tag(tiny_model_dir, hf_mod
 def test_a_sampled_answer_gets_the_tag_at_the_budget(tiny_model_dir):
     engine = make_engine(tiny_model_dir)
     seqs = [
-        Sequence(p, SamplingParams(max_tokens=10, temperature=1.0, seed=i, thinking_budget=ThinkingBudget(4, (), END)))
+        Sequence(p, SamplingParams(max_tokens=10, temperature=1.0, seed=i, thinking=ThinkingBlock(4, (), END)))
         for i, p in enumerate(random_prompts(4, seed=12))
     ]
     run(engine, seqs)
@@ -108,7 +109,7 @@ def test_a_grammar_constrains_the_answer_after_the_thinking(tiny_model_dir, hf_m
     free = [greedy_ids(hf_model, p, 3) for p in prompts]
     thinking, plain = [], []
     for prompt, f in zip(prompts, free, strict=True):
-        seq = Sequence(prompt, SamplingParams(max_tokens=20, thinking_budget=ThinkingBudget(3, (), END)))
+        seq = Sequence(prompt, SamplingParams(max_tokens=20, thinking=ThinkingBlock(3, (), END)))
         seq.grammar = compiler.matcher("regex", regex)
         ref = Sequence(prompt + f + list(END), SamplingParams(max_tokens=17))
         ref.grammar = compiler.matcher("regex", regex)
@@ -133,9 +134,7 @@ def test_an_answer_that_does_not_open_the_block_is_the_grammars_from_its_first_t
     engine = make_engine(tiny_model_dir)
     seqs = []
     for prompt in random_prompts(3, seed=14):
-        params = SamplingParams(
-            max_tokens=12, embedding_bias=never_start, thinking_budget=ThinkingBudget(None, (start,), END)
-        )
+        params = SamplingParams(max_tokens=12, embedding_bias=never_start, thinking=ThinkingBlock(None, (start,), END))
         seqs.append(Sequence(prompt, params))
         seqs[-1].grammar = compiler.matcher("regex", r"[a-z]{2}!")
     run(engine, seqs)
