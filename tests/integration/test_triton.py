@@ -109,9 +109,22 @@ def test_triton_http_generate_stream_on_the_ensemble(triton, tokenizer, hf_model
     assert all(not e["finish_reason"] for e in events[:-1])
 
 
-def test_32_concurrent_streams_complete_correctly_in_one_batch(triton, tokenizer, hf_model):
+def pause_llm(triton, paused: bool) -> None:
+    """Pauses (or resumes) the llm instance Triton hands the request to: with one instance, the engine."""
+    client = grpcclient.InferenceServerClient(triton.grpc_url)
+    try:
+        client.start_stream(callback=lambda result, error: None)
+        client.async_stream_infer("llm", [tensor("pause", [[paused]], "BOOL")])
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_32_concurrent_streams_complete_correctly_in_one_batch(triton, tokenizer, hf_model, pytestconfig):
+    """The engine paused while the 32 requests arrive, so they run as one batch whatever the machine's speed."""
     prompts = [f"{PROMPTS[i % 4]} {i}" for i in range(32)]
     expected = [greedy_text(hf_model, tokenizer, tokenizer.encode(p), 32)[0] for p in prompts]
+    one_instance = pytestconfig.getoption("--llm-instances") == 1  # else each instance takes a share
 
     def one(i: int) -> tuple[str, int]:
         s = Stream(triton.grpc_url)
@@ -122,10 +135,19 @@ def test_32_concurrent_streams_complete_correctly_in_one_batch(triton, tokenizer
             s.close()
         return text_of(results), max(r.as_numpy("batch_size").item() for r in results)
 
-    with ThreadPoolExecutor(32) as pool:
-        outcomes = list(pool.map(one, range(32)))
+    pause_llm(triton, True)
+    try:
+        with ThreadPoolExecutor(32) as pool:
+            running = [pool.submit(one, i) for i in range(32)]
+            if one_instance:
+                assert wait_for(lambda: metric(triton, "tritonllm_requests_waiting") == 32, timeout=60)
+            pause_llm(triton, False)
+            outcomes = [r.result() for r in running]
+    finally:
+        pause_llm(triton, False)
     assert [text for text, _ in outcomes] == expected
-    assert max(batch for _, batch in outcomes) > 1
+    batches = [batch for _, batch in outcomes]
+    assert max(batches) == 32 if one_instance else max(batches) > 1
 
 
 def blocks_released(triton) -> bool:

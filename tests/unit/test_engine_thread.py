@@ -179,3 +179,29 @@ def test_loading_failure_reaches_the_caller():
 
     with pytest.raises(ValueError, match="no such model"):
         load_on_own_thread(broken)
+
+
+def test_a_paused_engine_takes_requests_in_without_stepping_and_runs_them_together_when_resumed(tiny_model_dir):
+    engine = LLMEngine(EngineConfig(str(tiny_model_dir), num_kv_blocks=256, block_size=8, max_num_seqs=8))
+    thread = EngineThread(engine)
+    thread.start()
+    try:
+        thread.pause(True)
+        collectors = [Collector() for _ in range(6)]
+        for i, collector in enumerate(collectors):
+            thread.submit([Submission(Sequence([5, 6, 7 + i], SamplingParams(max_tokens=4)), collector)])
+        cancelled = Collector()
+        thread.submit([Submission(Sequence([9, 9], SamplingParams(max_tokens=4), request_id="gone"), cancelled)])
+        thread.cancel("gone")
+        assert cancelled.done.wait(30) and cancelled.reason is FinishReason.CANCELLED  # handled while paused
+        deadline = time.monotonic() + 30
+        while len(engine.scheduler.waiting) < 6 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(engine.scheduler.waiting) == 6 and engine.stats.steps == 0
+        thread.pause(False)
+        for collector in collectors:
+            assert collector.done.wait(30) and len(collector.tokens) == 4
+        assert engine.stats.steps == 4  # all six in every step: admitted together
+    finally:
+        thread.shutdown()
+    assert engine.blocks.num_free == engine.blocks.num_blocks

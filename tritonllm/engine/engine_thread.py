@@ -81,6 +81,7 @@ class EngineThread:
         self._probes: dict[int, CancellationProbe] = {}
         self._probes_lock = threading.Lock()
         self._stopping = threading.Event()
+        self._paused = False  # no steps: requests wait (pause)
         self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
         self._watcher = threading.Thread(target=self._watch, name="llm-cancel-watcher", daemon=True)
 
@@ -106,6 +107,11 @@ class EngineThread:
     def cancel(self, request_id: str) -> None:
         """Cancels every live sequence submitted under `request_id`."""
         self._inbox.put(("cancel", request_id))
+
+    def pause(self, paused: bool) -> None:
+        """True: no more steps once this reaches the engine (requests are still taken in, and cancellations end
+        them); False: steps again."""
+        self._inbox.put(("pause", paused))
 
     def shutdown(self, timeout: float = 10.0) -> None:
         self._stopping.set()
@@ -138,9 +144,9 @@ class EngineThread:
             log.warning("engine thread keeps its CPU priority: nice %d needs CAP_SYS_NICE (%s)", self.nice, e)
 
     def _iterate(self) -> None:
-        # Block only when idle; between steps just drain what has arrived.
-        self._drain(block=not self.engine.has_work())
-        if self.engine.has_work():
+        # Block only when idle (or paused); between steps just drain what has arrived.
+        self._drain(block=self._paused or not self.engine.has_work())
+        if self.engine.has_work() and not self._paused:
             self._step()
         if self.on_step is not None:
             self.on_step(self.engine)
@@ -182,6 +188,8 @@ class EngineThread:
         elif kind == "cancel":
             for sub in [s for s in self._live.values() if s.seq.request_id == payload]:
                 self._end(sub, FinishReason.CANCELLED)
+        elif kind == "pause":
+            self._paused = payload
         elif kind == "cancelled":
             sub = self._live.get(payload)
             if sub is not None:

@@ -42,6 +42,12 @@ def is_stop_request(get: TensorLookup) -> bool:
     return bool(scalar(get, "stop", False))
 
 
+def pause_request(get: TensorLookup) -> bool | None:
+    """A pause (True) or resume (False) of the engine; None for any other request."""
+    value = scalar(get, "pause")
+    return None if value is None else bool(value)
+
+
 def parse(get: TensorLookup, vocab_size: int, triton_timeout_us: int = 0, hidden_size: int = 0) -> ParsedRequest:
     """`triton_timeout_us`: the request's own Triton timeout, used when no `timeout_ms` tensor is given.
     `hidden_size`: the model's, which a p-tuning table must match."""

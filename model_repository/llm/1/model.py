@@ -102,6 +102,11 @@ class TritonPythonModel:
                     self.stops.tell(request.request_id())
                     sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=FINAL)
                     continue
+                pause = inference_request.pause_request(get)
+                if pause is not None:
+                    self.thread.pause(pause)
+                    sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=FINAL)
+                    continue
                 if inference_request.scalar(get, multiplex.OPEN, False):
                     self.channels[request.request_id()] = sender
                     sender.send(pb_utils.InferenceResponse(output_tensors=[]))  # open: generations may name it
