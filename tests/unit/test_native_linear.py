@@ -18,7 +18,7 @@ def kernels():
     return built
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 32, native_linear.NATIVE_ROWS])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 6, 7, 13, 32, native_linear.NATIVE_ROWS])
 # (2003, 64): threads take a series of shrinking chunks of weight rows, then a tail
 @pytest.mark.parametrize("out_features, in_features", [(96, 64), (37, 576), (200, 19), (5, 1536), (2003, 64)])
 @pytest.mark.parametrize("with_bias", [False, True])
@@ -29,6 +29,18 @@ def test_the_kernel_equals_f_linear(kernels, rows, out_features, in_features, wi
     bias = torch.randn(out_features, generator=generator) if with_bias else torch.empty(0)
     expected = F.linear(x, weight, bias if with_bias else None)
     torch.testing.assert_close(kernels.dense_linear(x, weight, bias), expected, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("in_features", [576, 1536, 19])
+def test_a_rows_output_is_the_same_bits_whatever_else_is_in_the_batch(kernels, in_features):
+    """Each output is summed the same way in every tile (one row alone, a full tile, the last short one), so a
+    sequence's logits, and its greedy and seeded tokens, do not depend on the batch it runs in."""
+    generator = torch.Generator().manual_seed(in_features)
+    x = torch.randn(native_linear.NATIVE_ROWS, in_features, generator=generator)
+    weight = torch.randn(203, in_features, generator=generator)
+    together = kernels.dense_linear(x, weight, torch.empty(0))
+    for rows in (1, 2, 5, 6, 7, 13, 32):
+        assert torch.equal(kernels.dense_linear(x[:rows].contiguous(), weight, torch.empty(0)), together[:rows]), rows
 
 
 def test_bad_shapes_are_refused_by_name(kernels):

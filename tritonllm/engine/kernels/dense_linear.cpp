@@ -29,6 +29,7 @@ namespace {
 #if defined(__AVX512F__)
 using Vec = __m512;
 constexpr int64_t kLanes = 16;
+constexpr int kTileRows = 6;  // input rows of a multi-row tile beside 4 weight rows (24 of 32 registers)
 inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
 inline Vec zero() { return _mm512_setzero_ps(); }
 inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
@@ -36,6 +37,7 @@ inline float sum_lanes(Vec v) { return _mm512_reduce_add_ps(v); }
 #else
 using Vec = __m256;
 constexpr int64_t kLanes = 8;
+constexpr int kTileRows = 3;  // 12 of 16 registers
 inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
 inline Vec zero() { return _mm256_setzero_ps(); }
 inline Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
@@ -92,13 +94,24 @@ inline void row_times_rows(const float* x, const float* w, int64_t k, const int6
   }
 }
 
-// Every input row against weight rows [n, n + COLS), in tiles of as many rows as the registers hold.
+// The `left` (< R + 1) input rows after the full tiles, as one tile of that many rows.
+template <int R, int COLS>
+inline void last_tile(int64_t left, const float* x, const float* w, int64_t k, float* out, int64_t n_total) {
+  if constexpr (R > 0) {
+    if (left == R) return tile<R, COLS>(x, k, w, k, out, n_total);
+    last_tile<R - 1, COLS>(left, x, w, k, out, n_total);
+  }
+}
+
+// Every input row against weight rows [n, n + COLS), in tiles of as many rows as the registers hold beside COLS
+// weight rows: 6 x 4 accumulators of AVX-512's 32 registers (3 x 4 of AVX2's 16). Each output is summed the same
+// way whatever tile it falls in.
 template <int COLS>
 inline void rows_times(const float* x, int64_t rows, const float* w, int64_t k, float* out, int64_t n_total) {
-  constexpr int kRows = COLS == 4 ? 3 : 8;  // as many input rows as the registers hold beside COLS weight rows
+  constexpr int kRows = COLS == 4 ? kTileRows : 8;
   int64_t m = 0;
   for (; m + kRows <= rows; m += kRows) tile<kRows, COLS>(x + m * k, k, w, k, out + m * n_total, n_total);
-  for (; m < rows; ++m) tile<1, COLS>(x + m * k, k, w, k, out + m * n_total, n_total);
+  last_tile<kRows - 1, COLS>(rows - m, x + m * k, w, k, out + m * n_total, n_total);
 }
 
 }  // namespace
