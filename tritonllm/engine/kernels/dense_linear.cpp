@@ -34,6 +34,20 @@ inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
 inline Vec zero() { return _mm512_setzero_ps(); }
 inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline float sum_lanes(Vec v) { return _mm512_reduce_add_ps(v); }
+// The sums of 4 vectors into out[0..4), each added in exactly _mm512_reduce_add_ps's tree (lane j with j + 8,
+// then with j + 4, j + 2, j + 1), so every output has the bits sum_lanes gives it, with a third of the shuffles.
+inline void store_sums_of_4(const Vec* v, float* out) {
+  const Vec s01 = _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                _mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const Vec s23 = _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                _mm512_shuffle_f32x4(v[2], v[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  Vec z = _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(2, 0, 2, 0)),
+                        _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
+  z = _mm512_add_ps(z, _mm512_permute_ps(z, _MM_SHUFFLE(1, 0, 3, 2)));
+  z = _mm512_add_ps(z, _mm512_permute_ps(z, _MM_SHUFFLE(0, 1, 0, 1)));
+  const __m512i firsts = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0);
+  _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_permutexvar_ps(firsts, z)));
+}
 #else
 using Vec = __m256;
 constexpr int64_t kLanes = 8;
@@ -64,6 +78,14 @@ inline void tile(const float* x, int64_t x_stride, const float* w, int64_t k, fl
       for (int r = 0; r < ROWS; ++r) acc[r][c] = fma(wv, xv[r], acc[r][c]);
     }
   }
+#if defined(__AVX512F__)
+  if constexpr (COLS == 4) {
+    if (i == k) {
+      for (int r = 0; r < ROWS; ++r) store_sums_of_4(acc[r], out + r * out_stride);
+      return;
+    }
+  }
+#endif
   for (int r = 0; r < ROWS; ++r)
     for (int c = 0; c < COLS; ++c) {
       float s = sum_lanes(acc[r][c]);
