@@ -13,6 +13,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
@@ -36,6 +37,64 @@ float dot(const float* a, const float* b, int64_t n) {
   float total = sum_lanes(sum);
   for (; i < n; ++i) total += a[i] * b[i];
   return total;
+}
+
+// out[p] = query . keys[p * stride : p * stride + dim] for p < count: the keys of consecutive positions in one
+// block. A run of kPositions positions is scored together, each key's products summed in its own register and the
+// registers then summed across in one transposing tree (a fraction of the shuffles of a sum per score).
+#if defined(__AVX512F__)
+constexpr int64_t kPositions = 16;
+inline __m512 pair_sums(__m512 a, __m512 b) { return _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b)); }
+inline __m512 quad_sums(__m512 a, __m512 b) {
+  const __m512d x = _mm512_castps_pd(a), y = _mm512_castps_pd(b);
+  return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+}
+inline __m512 lane_sums(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+void run_scores(const float* query, const float* keys, int64_t stride, int64_t dim, float* out) {
+  __m512 acc[16];
+  for (int p = 0; p < 16; ++p) acc[p] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < dim; c += 16) {
+    const __m512 q = _mm512_loadu_ps(query + c);
+    for (int p = 0; p < 16; ++p) acc[p] = _mm512_fmadd_ps(q, _mm512_loadu_ps(keys + p * stride + c), acc[p]);
+  }
+  __m512 pairs[8], quads[4];
+  for (int i = 0; i < 8; ++i) pairs[i] = pair_sums(acc[2 * i], acc[2 * i + 1]);
+  for (int i = 0; i < 4; ++i) quads[i] = quad_sums(pairs[2 * i], pairs[2 * i + 1]);
+  _mm512_storeu_ps(out, lane_sums(lane_sums(quads[0], quads[1]), lane_sums(quads[2], quads[3])));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int64_t kPositions = 8;
+void run_scores(const float* query, const float* keys, int64_t stride, int64_t dim, float* out) {
+  __m256 acc[8];
+  for (int p = 0; p < 8; ++p) acc[p] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < dim; c += 8) {
+    const __m256 q = _mm256_loadu_ps(query + c);
+    for (int p = 0; p < 8; ++p) acc[p] = _mm256_fmadd_ps(q, _mm256_loadu_ps(keys + p * stride + c), acc[p]);
+  }
+  __m256 pairs[4], quads[2];
+  for (int i = 0; i < 4; ++i)
+    pairs[i] = _mm256_add_ps(_mm256_unpacklo_ps(acc[2 * i], acc[2 * i + 1]),
+                             _mm256_unpackhi_ps(acc[2 * i], acc[2 * i + 1]));
+  for (int i = 0; i < 2; ++i) {
+    const __m256d a = _mm256_castps_pd(pairs[2 * i]), b = _mm256_castps_pd(pairs[2 * i + 1]);
+    quads[i] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(a, b)), _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)));
+  }
+  _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(quads[0], quads[1], 0x20),
+                                      _mm256_permute2f128_ps(quads[0], quads[1], 0x31)));
+}
+#else
+constexpr int64_t kPositions = 0;
+void run_scores(const float*, const float*, int64_t, int64_t, float*) {}
+#endif
+
+void block_scores(const float* query, const float* keys, int64_t count, int64_t stride, int64_t dim, float* out) {
+  int64_t p = 0;
+  if (kPositions && dim % kPositions == 0)
+    for (; p + kPositions <= count; p += kPositions) run_scores(query, keys + p * stride, stride, dim, out + p);
+  for (; p < count; ++p) out[p] = dot(query, keys + p * stride, dim);
 }
 
 // out[0:n] += sum over rows r < count of weights[r] * rows[r * stride : r * stride + n], summed in registers:
@@ -108,11 +167,15 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
     const int64_t* table = tables + b * max_blocks;
     const int64_t head_offset = (h / group) * dim;
     scores.resize(seen);
-    for (int64_t pos = first; pos < len; ++pos) {
-      const float* key = kp + (table[pos / block_size] * block_size + pos % block_size) * position_stride + head_offset;
-      float score = dot(query, key, dim) * fscale;
-      if (fsoftcap > 0.f) score = fsoftcap * std::tanh(score / fsoftcap);
-      scores[pos - first] = score;
+    for (int64_t start = first; start < len;) {  // block by block, as the values below
+      const int64_t offset = start % block_size, count = std::min(block_size - offset, len - start);
+      const float* keys = kp + (table[start / block_size] * block_size + offset) * position_stride + head_offset;
+      block_scores(query, keys, count, position_stride, dim, scores.data() + start - first);
+      start += count;
+    }
+    for (int64_t i = 0; i < seen; ++i) {
+      scores[i] *= fscale;
+      if (fsoftcap > 0.f) scores[i] = fsoftcap * std::tanh(scores[i] / fsoftcap);
     }
     const float total = exp_shifted(scores.data(), seen);
     float* result = op + (b * q_heads + h) * dim;
