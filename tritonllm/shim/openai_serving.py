@@ -153,26 +153,12 @@ def chat_generation(body: ChatRequest, settings: ShimSettings, where: str = "mes
             "chat_template",
         )
     guide = body.guide(FORMATS[settings.tool_call_parser])
-    thinking = reasoning.FORMATS.get(settings.reasoning_parser)
-    budget = thinking_budget(body, settings, thinking is not None)
-    guides_thinking = guide is not None and settings.guide_reasoning  # the grammar from the first token
-    if guides_thinking and budget is not None:
-        if body.max_thinking_tokens is not None:
-            raise APIError(
-                400,
-                "max_thinking_tokens cannot be combined with constrained decoding on this server (--guide-reasoning)",
-                "max_thinking_tokens",
-            )
-        budget = None
-    # the engine follows the thinking block where it must: to cut it short, or to keep a grammar for the answer
-    follow = thinking is not None and (budget is not None or (guide is not None and not guides_thinking))
     return body.generation_request(
         settings.default_max_tokens,
         messages=messages,
         tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
         guide=guide,
-        thinking_budget=budget,
-        thinking_open=thinking.opens_answer(body.chat_template_kwargs) if follow else None,
+        **thinking_fields(body, settings, guide),
         logprobs=bool(body.logprobs) or None,
         top_logprobs=body.top_logprobs if body.logprobs else None,
         prediction=prediction,
@@ -181,6 +167,27 @@ def chat_generation(body: ChatRequest, settings: ShimSettings, where: str = "mes
         chat_template_kwargs=body.template_variables() or None,
         chat_template=body.chat_template,
     )
+
+
+def thinking_fields(body: ChatRequest, settings: ShimSettings, guide: tuple[str, str] | None) -> dict[str, Any]:
+    """The engine follows a reasoning model's thinking block where it must: to cut it short (a budget), or to keep a
+    grammar for the answer (unless --guide-reasoning has the grammar hold the thinking too)."""
+    thinking = reasoning.FORMATS.get(settings.reasoning_parser)
+    budget = thinking_budget(body, settings, thinking is not None)
+    guides_thinking = guide is not None and settings.guide_reasoning
+    if guides_thinking and budget is not None:
+        if body.max_thinking_tokens is not None:
+            raise APIError(
+                400,
+                "max_thinking_tokens cannot be combined with constrained decoding on this server (--guide-reasoning)",
+                "max_thinking_tokens",
+            )
+        budget = None
+    follow = thinking is not None and (budget is not None or (guide is not None and not guides_thinking))
+    return {
+        "thinking_budget": budget,
+        "thinking_open": thinking.opens_answer(body.chat_template_kwargs) if follow else None,
+    }
 
 
 def thinking_budget(body: ChatRequest, settings: ShimSettings, thinks: bool) -> int | None:
