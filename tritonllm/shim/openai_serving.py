@@ -172,8 +172,9 @@ def chat_generation(body: ChatRequest, settings: ShimSettings, where: str = "mes
 def thinking_fields(body: ChatRequest, settings: ShimSettings, guide: tuple[str, str] | None) -> dict[str, Any]:
     """The engine follows a reasoning model's thinking block where it must: to cut it short (a budget), or to keep a
     grammar for the answer (unless --guide-reasoning has the grammar hold the thinking too)."""
-    thinking = reasoning.FORMATS.get(settings.reasoning_parser)
-    budget = thinking_budget(body, settings, thinking is not None)
+    starts_inside = reasoning.answer_starts_inside(settings.reasoning_parser, body.chat_template_kwargs)
+    thinks = starts_inside is not None
+    budget = thinking_budget(body, settings, thinks)
     guides_thinking = guide is not None and settings.guide_reasoning
     if guides_thinking and budget is not None:
         if body.max_thinking_tokens is not None:
@@ -183,11 +184,8 @@ def thinking_fields(body: ChatRequest, settings: ShimSettings, guide: tuple[str,
                 "max_thinking_tokens",
             )
         budget = None
-    follow = thinking is not None and (budget is not None or (guide is not None and not guides_thinking))
-    return {
-        "thinking_budget": budget,
-        "thinking_open": thinking.opens_answer(body.chat_template_kwargs) if follow else None,
-    }
+    follow = thinks and (budget is not None or (guide is not None and not guides_thinking))
+    return {"thinking_budget": budget, "thinking_open": starts_inside if follow else None}
 
 
 def thinking_budget(body: ChatRequest, settings: ShimSettings, thinks: bool) -> int | None:
@@ -293,9 +291,8 @@ class ChatRender(Render):
         self.parsers: dict[int, ToolCallParser] = {}  # per choice: content streams until a tool call opens
         self.shown: dict[int, str] = {}  # per choice: the content streamed so far
         self.echoed = body.echoed()
-        thinking = reasoning.FORMATS.get(settings.reasoning_parser)
         # whether each answer starts inside the thinking block; None: the model does not think
-        self.starts_thinking = None if thinking is None else thinking.opens_answer(body.chat_template_kwargs)
+        self.starts_thinking = reasoning.answer_starts_inside(settings.reasoning_parser, body.chat_template_kwargs)
 
     def new_choice(self) -> Choice:
         thinking = None if self.starts_thinking is None else ThinkingSplit(self.starts_thinking)

@@ -240,8 +240,8 @@ class ResponseBuilder:
         self.logprobs = bool(chat.logprobs)
         max_calls = 1 if chat.parallel_tool_calls is False else body.max_tool_calls
         self.parser = ToolCallParser(FORMATS[settings.tool_call_parser], max_calls) if chat.tools_active() else None
-        thinking = reasoning.FORMATS.get(settings.reasoning_parser)
-        self.thinking = ThinkingSplit(thinking.opens_answer(chat.chat_template_kwargs)) if thinking else None
+        starts_inside = reasoning.answer_starts_inside(settings.reasoning_parser, chat.chat_template_kwargs)
+        self.thinking = None if starts_inside is None else ThinkingSplit(starts_inside)
         self.output: list[dict] = []
         self.open: dict | None = None  # the output item still being written
         self.sequence = 0

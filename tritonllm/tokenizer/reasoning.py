@@ -43,6 +43,13 @@ FORMATS = {f.name: f for f in (ReasoningFormat("qwen3", False), ReasoningFormat(
 NONE = "none"
 
 
+def answer_starts_inside(parser: str, chat_template_kwargs: dict[str, Any] | None) -> bool | None:
+    """Whether a request's answer starts inside the thinking block, under the reasoning parser named; None where
+    the parser is `none` (the model does not think)."""
+    thinking = FORMATS.get(parser)
+    return None if thinking is None else thinking.opens_answer(chat_template_kwargs)
+
+
 def detect_format(tokenizer) -> str:
     """`deepseek_r1` where the template's generation prompt leaves `<think>` open, `qwen3` where the template
     otherwise writes think tags, else `none`."""

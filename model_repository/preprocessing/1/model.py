@@ -62,7 +62,7 @@ def _int(request, name: str, default: int) -> int:
     return default if tensor is None else int(tensor.as_numpy().reshape(-1)[0])
 
 
-def _bool(request, name: str, default: bool) -> bool:
+def _bool(request, name: str, default: bool | None) -> bool | None:
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return default if tensor is None else bool(tensor.as_numpy().reshape(-1)[0])
 
@@ -95,6 +95,8 @@ class TritonPythonModel:
         self.add_special_tokens = params.bool("add_special_tokens", True)
         parser = os.environ.get(TOOL_CALL_PARSER_ENV) or params.get("tool_call_parser", "auto")
         self.tool_format = resolve_format(parser, self.tokenizer)
+        # a reasoning model's think tags as ids, for the llm's thinking_budget (and grammars after the thinking)
+        self.thinking_tags = tuple(self.tokenizer.encode(tag, add_special_tokens=False) for tag in (OPENING, CLOSING))
         # A template that renders no tools (SmolLM2's) gets them in the system prompt, in tool_format's words.
         self.template_renders_tools = renders_tools(self.tokenizer)
         # Prompt tokens allowed: min(max_input_tokens, max_seq_len - 1, the model's max_position_embeddings).
@@ -167,15 +169,13 @@ class TritonPythonModel:
     def _thinking_tags(self, request, ids: list[int]) -> tuple[list[int], list[int]]:
         """With a thinking_budget or thinking_open, the ids of the tags the llm follows the thinking block by: the
         opening one (none when the answer starts inside the block) and the closing one."""
-        opened = pb_utils.get_input_tensor_by_name(request, "thinking_open")
-        if opened is None and pb_utils.get_input_tensor_by_name(request, "thinking_budget") is None:
-            return [], []
-        if opened is None:
+        inside = _bool(request, "thinking_open", None)
+        if inside is None:
+            if pb_utils.get_input_tensor_by_name(request, "thinking_budget") is None:
+                return [], []
             inside = leaves_block_open(self.tokenizer.decode(ids))
-        else:
-            inside = bool(opened.as_numpy().reshape(-1)[0])
-        encode = self.tokenizer.encode
-        return ([] if inside else encode(OPENING, add_special_tokens=False)), encode(CLOSING, add_special_tokens=False)
+        opening, closing = self.thinking_tags
+        return ([] if inside else opening), closing
 
     def _words(self, request, name: str) -> list[str]:
         tensor = pb_utils.get_input_tensor_by_name(request, name)
@@ -220,10 +220,10 @@ class TritonPythonModel:
             raise RequestError("continue_final_message", "continue_final_message needs add_generation_prompt: false")
         raw = _string(request, "chat_template_kwargs")
         variables = json_object(raw, "chat_template_kwargs") if raw else {}
-        for name in sorted(RENDER_ARGUMENTS & set(variables)):
-            raise RequestError(
-                f"chat_template_kwargs.{name}", f"chat_template_kwargs.{name} is not a template variable"
-            )
+        reserved = sorted(RENDER_ARGUMENTS & set(variables))
+        if reserved:
+            field = f"chat_template_kwargs.{reserved[0]}"
+            raise RequestError(field, f"{field} is not a template variable")
         try:
             encoded = self.tokenizer.apply_chat_template(
                 conversation,
