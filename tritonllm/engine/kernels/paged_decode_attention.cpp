@@ -190,13 +190,21 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
     for (int64_t d = 0; d < dim; ++d) result[d] *= inverse;
   };
 
-  // Heads are taken one at a time from a shared counter rather than split in fixed halves: when another process
-  // preempts one thread, the others take over its share instead of waiting for it.
+  // Work items are taken one at a time from a shared counter rather than split in fixed halves: when another
+  // process preempts one thread, the others take over its share instead of waiting for it. An item is the query
+  // heads that share a KV head, so that one core reads those keys and values from memory and the group's other
+  // heads find them in its cache (split over cores, each core's cache fetched them again: 27.5 -> 21.7 ms for
+  // SmolLM2's 30 layers at 32 sequences of 192 tokens); with too few groups to keep every thread busy (one
+  // sequence alone) an item is one query head.
+  const int64_t threads = at::get_num_threads();
+  const int64_t heads_per_item = batch * kv_heads >= 4 * threads ? group : 1;
+  const int64_t items = batch * q_heads / heads_per_item;
   std::atomic<int64_t> next{0};
-  const int64_t items = batch * q_heads;
-  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     std::vector<float> scores;  // scratch reused across this thread's heads
-    for (int64_t item = next++; item < items; item = next++) attend(item / q_heads, item % q_heads, scores);
+    for (int64_t item = next++; item < items; item = next++)
+      for (int64_t head = item * heads_per_item; head < (item + 1) * heads_per_item; ++head)
+        attend(head / q_heads, head % q_heads, scores);
   });
   return out;
 }
