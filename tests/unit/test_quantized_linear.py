@@ -20,15 +20,23 @@ from tritonllm.runtime import gguf
 # Built (or loaded from the cache) here: a build that fails is this module's error, never a skip.
 cpu_kernels.build()
 
-FORMATS = ["Q8_0", "Q4_0", "Q4_1"]
+FORMATS = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K"]
 
 
 def quantized(
     kind: str, out_features: int = 96, in_features: int = 160, seed: int = 0
 ) -> tuple[BlockQuantized, np.ndarray]:
     """A random weight in GGUF's `kind`, as our blocks and as gguf-py dequantizes it."""
-    weight = np.random.default_rng(seed).standard_normal((out_features, in_features)).astype(np.float32)
-    raw = quants.quantize(weight, GGMLQuantizationType[kind])
+    rng = np.random.default_rng(seed)
+    if kind == "Q4_K":  # gguf-py cannot quantize to it: random super-blocks, every bit pattern a valid one
+        in_features = -(-in_features // 256) * 256
+        raw = rng.integers(0, 256, (out_features, in_features // 256, 144), dtype=np.uint8)
+        d = rng.uniform(1e-3, 2e-2, (out_features, in_features // 256, 2)).astype(np.float16)
+        raw[:, :, :4] = d.view(np.uint8)
+        raw = raw.reshape(out_features, -1)
+    else:
+        weight = rng.standard_normal((out_features, in_features)).astype(np.float32)
+        raw = quants.quantize(weight, GGMLQuantizationType[kind])
     return from_gguf(kind, raw), quants.dequantize(raw, GGMLQuantizationType[kind])
 
 
@@ -39,6 +47,17 @@ def test_blocks_dequantize_exactly_as_gguf_py_does(kind):
     assert torch.equal(blocks.dequantize(), torch.from_numpy(reference))
     kernel = cpu_kernels.native().dequantize(blocks.qweight, blocks.scales, blocks.mins, blocks.bits)
     torch.testing.assert_close(kernel, torch.from_numpy(reference), rtol=1e-6, atol=1e-6)
+
+
+def test_joined_layers_with_biases_compute_each_layer_as_before():
+    (a, _), (b, _) = quantized("Q5_0", 64, seed=1), quantized("Q5_0", 32, seed=2)
+    layers = [QuantizedLinear(w, torch.nn.Parameter(torch.randn(w.shape[0]))) for w in (a, b)]
+    x = torch.randn(3, a.shape[1])
+    alone = [layer(x) for layer in layers]
+    joined = quantized_linear.side_by_side(layers)  # as Qwen2's q/k/v with their biases are joined
+    torch.testing.assert_close(joined(x), torch.cat(alone, 1), rtol=0, atol=0)
+    for layer, before in zip(layers, alone, strict=True):
+        torch.testing.assert_close(layer(x), before, rtol=0, atol=0)
 
 
 def test_other_formats_are_not_taken():

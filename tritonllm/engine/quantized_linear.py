@@ -2,9 +2,10 @@
 
 llama.cpp users serve Q8_0 and Q4 files because a decode step streams every weight from memory: 8 bits are a
 quarter of float32's bytes and 4 bits an eighth. The engine loads such a model as transformers dequantizes it
-(runtime/gguf.py), then swaps each nn.Linear whose GGUF tensor is Q8_0, Q4_0 or Q4_1 for a QuantizedLinear
-holding that tensor's blocks, and frees the float32 copy; the input embedding, when the file keeps it in
-blocks (or ties it to a block-quantized output layer), becomes a QuantizedEmbedding that reads the same blocks.
+(runtime/gguf.py), then swaps each nn.Linear whose GGUF tensor is Q8_0, Q4_0, Q4_1, Q5_0 or Q4_K for a
+QuantizedLinear holding that tensor's blocks (Q5_0 widened to 8 bits, Q4_K recut into 32-value blocks of 4
+bits), and frees the float32 copy; the input embedding, when the file keeps it in blocks (or ties it to a
+block-quantized output layer), becomes a QuantizedEmbedding that reads the same blocks.
 The swap is checked, not trusted: the blocks, read through the same row order transformers applied (llama.cpp
 stores Q and K rows permuted), must dequantize to exactly the float32 weight they replace, else the layer keeps
 its float32 weight and the log says why.
@@ -85,7 +86,45 @@ def from_gguf(kind: str, data: np.ndarray) -> BlockQuantized | None:
         halves = blocks[:, :, :4].copy().view(np.float16)
         q = blocks[:, :, 4:].reshape(n, -1)
         return BlockQuantized(torch.from_numpy(q.copy()), _floats(halves[:, :, 0]), _floats(halves[:, :, 1]), 4)
+    if kind == "Q5_0":  # per block: float16 scale, 32 high bits, 16 bytes of low nibbles; w = scale * (q - 16)
+        blocks = data.reshape(n, -1, 22)
+        scales = blocks[:, :, :2].copy().view(np.float16)[:, :, 0]
+        high = np.unpackbits(blocks[:, :, 2:6], axis=2, bitorder="little")  # bit i of the 32: value i
+        q = _nibbles(blocks[:, :, 6:]) | (high << 4)
+        values = torch.from_numpy((q.astype(np.int8) - 16).reshape(n, -1))
+        return BlockQuantized(values, _floats(scales), torch.empty(0), 8)
+    if kind == "Q4_K":
+        return _q4_k(data)
     return None
+
+
+def _nibbles(packed: np.ndarray) -> np.ndarray:
+    """[..., 16] bytes of a 32-value block in GGUF's order (byte j: value j low, value j + 16 high) -> [..., 32]."""
+    return np.concatenate([packed & 0x0F, packed >> 4], axis=-1)
+
+
+def _q4_k(data: np.ndarray) -> BlockQuantized:
+    """Q4_K as 32-value blocks of 4 bits: a super-block of 256 values holds float16 d and dmin, 8 six-bit scales
+    and mins, and nibbles where byte j of each 32-byte run holds value j of one block (low) and of the next (high);
+    w = (d * scale) * q - dmin * min. Each block's scale d * scale and min -(dmin * min) are float32 products of at
+    most 17 significant bits, so exact, and scale * q + min is then gguf-py's d * q - dm to the bit."""
+    from gguf import quants
+
+    n = data.shape[0]
+    supers = data.reshape(n, -1, 144)
+    halves = supers[:, :, :4].copy().view(np.float16).astype(np.float32)
+    sc, mn = quants.Q4_K.get_scale_min(supers[:, :, 4:16].reshape(-1, 12))
+    scales = halves[:, :, :1] * sc.reshape(n, -1, 8).astype(np.float32)
+    mins = -(halves[:, :, 1:] * mn.reshape(n, -1, 8).astype(np.float32))
+    runs = supers[:, :, 16:].reshape(n, -1, 4, 32)
+    values = np.stack([runs & 0x0F, runs >> 4], axis=3).reshape(n, -1, 32)  # [N, blocks, 32], value order
+    packed = values[:, :, :16] | (values[:, :, 16:] << 4)  # GGUF's 32-value block order, as Q4_1 keeps it
+    return BlockQuantized(
+        torch.from_numpy(packed.reshape(n, -1).copy()),
+        torch.from_numpy(scales.reshape(n, -1).copy()),
+        torch.from_numpy(mins.reshape(n, -1).copy()),
+        4,
+    )
 
 
 def _floats(halves: np.ndarray) -> torch.Tensor:
@@ -104,7 +143,7 @@ class QuantizedLinear(torch.nn.Module):
         self.register_buffer("qweight", weight.qweight)
         self.register_buffer("scales", weight.scales)
         self.register_buffer("mins", weight.mins)
-        self.bias = bias
+        self.register_buffer("bias", None if bias is None else bias.detach())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kernels = cpu_kernels.native()
