@@ -20,7 +20,12 @@ from tritonllm.runtime import gguf
 # Built (or loaded from the cache) here: a build that fails is this module's error, never a skip.
 cpu_kernels.build()
 
-FORMATS = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K"]
+FORMATS = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K"]
+INT8_FORMATS = [kind for kind in FORMATS if kind != "Q6_K"]  # a scale per 16 values keeps float32 inputs
+# gguf-py cannot quantize to K-quants: random super-blocks stand for them (every bit pattern is a valid one), with
+# their float16 scales drawn so that weights stay within a few units. Bytes per super-block of 256 values, where
+# its float16 scales lie, and their range.
+K_QUANTS = {"Q4_K": (144, slice(0, 4), (1e-3, 2e-2)), "Q6_K": (210, slice(208, 210), (1e-4, 1e-3))}
 
 
 def quantized(
@@ -28,11 +33,12 @@ def quantized(
 ) -> tuple[BlockQuantized, np.ndarray]:
     """A random weight in GGUF's `kind`, as our blocks and as gguf-py dequantizes it."""
     rng = np.random.default_rng(seed)
-    if kind == "Q4_K":  # gguf-py cannot quantize to it: random super-blocks, every bit pattern a valid one
-        in_features = -(-in_features // 256) * 256
-        raw = rng.integers(0, 256, (out_features, in_features // 256, 144), dtype=np.uint8)
-        d = rng.uniform(1e-3, 2e-2, (out_features, in_features // 256, 2)).astype(np.float16)
-        raw[:, :, :4] = d.view(np.uint8)
+    if kind in K_QUANTS:
+        size, halves, (low, high) = K_QUANTS[kind]
+        supers = -(-in_features // 256)
+        raw = rng.integers(0, 256, (out_features, supers, size), dtype=np.uint8)
+        d = rng.uniform(low, high, (out_features, supers, (halves.stop - halves.start) // 2)).astype(np.float16)
+        raw[:, :, halves] = d.view(np.uint8)
         raw = raw.reshape(out_features, -1)
     else:
         weight = rng.standard_normal((out_features, in_features)).astype(np.float32)
@@ -61,7 +67,7 @@ def test_joined_layers_with_biases_compute_each_layer_as_before():
 
 
 def test_other_formats_are_not_taken():
-    assert from_gguf("Q6_K", np.zeros((4, 210), dtype=np.uint8)) is None
+    assert from_gguf("Q5_K", np.zeros((4, 176), dtype=np.uint8)) is None
 
 
 @pytest.mark.parametrize("kind", FORMATS)
@@ -85,7 +91,7 @@ def rounded_to_int8_blocks(x: torch.Tensor) -> torch.Tensor:
     return (torch.round(blocks * inverse) * scale).reshape(x.shape)
 
 
-@pytest.mark.parametrize("kind", FORMATS)
+@pytest.mark.parametrize("kind", INT8_FORMATS)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 8, 13])
 def test_int8_activations_multiply_the_input_rounded_to_8_bit_blocks(kind, rows):
     blocks, reference = quantized(kind, in_features=576)
@@ -97,6 +103,16 @@ def test_int8_activations_multiply_the_input_rounded_to_8_bit_blocks(kind, rows)
     torch.testing.assert_close(layer(x).double(), expected, rtol=1e-5, atol=1e-4)
     exact = F.linear(x, torch.from_numpy(reference), bias)
     assert not torch.allclose(layer(x), exact, rtol=1e-5, atol=1e-4)  # it is the rounded input that counts
+
+
+def test_weights_with_a_scale_per_16_values_keep_float32_inputs():
+    blocks, reference = quantized("Q6_K", in_features=576)
+    layer = QuantizedLinear(blocks, None, int8_activations=True)
+    assert not layer.int8_activations
+    x = torch.randn(3, blocks.shape[1])
+    torch.testing.assert_close(layer(x), F.linear(x, torch.from_numpy(reference)), rtol=1e-5, atol=1e-4)
+    with pytest.raises(RuntimeError, match="one scale per 32"):
+        cpu_kernels.native().quantized_linear_int8(x, blocks.qweight, blocks.scales, blocks.mins, blocks.bits)
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +150,7 @@ def test_the_q4_1_model_keeps_every_layer_quantized_and_decodes_as_generate(smol
     assert [s.output_ids for s in seqs] == [greedy_ids(hf, p, 16) for p in prompts]
 
 
-@pytest.mark.parametrize("kind", ["Q8_0", "Q4_1"])
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_1", "Q6_K"])
 def test_the_quantized_embedding_gives_the_dequantized_tables_rows(kind):
     blocks, table = quantized(kind, 50, 64)
     ids = torch.tensor([[3, 49, 0], [3, 7, 7]])

@@ -2,10 +2,11 @@
 
 llama.cpp users serve Q8_0 and Q4 files because a decode step streams every weight from memory: 8 bits are a
 quarter of float32's bytes and 4 bits an eighth. The engine loads such a model as transformers dequantizes it
-(runtime/gguf.py), then swaps each nn.Linear whose GGUF tensor is Q8_0, Q4_0, Q4_1, Q5_0 or Q4_K for a
-QuantizedLinear holding that tensor's blocks (Q5_0 widened to 8 bits, Q4_K recut into 32-value blocks of 4
-bits), and frees the float32 copy; the input embedding, when the file keeps it in blocks (or ties it to a
-block-quantized output layer), becomes a QuantizedEmbedding that reads the same blocks.
+(runtime/gguf.py), then swaps each nn.Linear whose GGUF tensor is Q8_0, Q4_0, Q4_1, Q5_0, Q4_K or Q6_K for a
+QuantizedLinear holding that tensor's blocks (Q5_0 and Q6_K widened to 8 bits, Q6_K with a scale per 16 values,
+Q4_K recut into 32-value blocks of 4 bits), and frees the float32 copy; the input embedding, when the file keeps
+it in blocks (or ties it to a block-quantized output layer), becomes a QuantizedEmbedding that reads the same
+blocks.
 The swap is checked, not trusted: the blocks, read through the same row order transformers applied (llama.cpp
 stores Q and K rows permuted), must dequantize to exactly the float32 weight they replace, else the layer keeps
 its float32 weight and the log says why.
@@ -43,7 +44,7 @@ class BlockQuantized:
     describes."""
 
     qweight: torch.Tensor  # int8 [N, K] (8 bits) or uint8 [N, K / 2] (4 bits)
-    scales: torch.Tensor  # float32 [N, K / 32]
+    scales: torch.Tensor  # float32 [N, K / 32], or [N, K / 16] for 8 bits with a scale per 16 values (Q6_K)
     mins: torch.Tensor  # float32 [N, K / 32]; empty for 8 bits
     bits: int
 
@@ -61,7 +62,7 @@ class BlockQuantized:
         n, k = self.shape
         blocks = k // BLOCK
         if self.bits == 8:
-            q = self.qweight.view(n, blocks, BLOCK).float()
+            q = self.qweight.view(n, self.scales.shape[1], -1).float()
             return (self.scales[:, :, None] * q).view(n, k)
         packed = self.qweight.view(n, blocks, BLOCK // 2)
         q = torch.cat([packed & 0x0F, packed >> 4], dim=2).float()
@@ -95,6 +96,8 @@ def from_gguf(kind: str, data: np.ndarray) -> BlockQuantized | None:
         return BlockQuantized(values, _floats(scales), torch.empty(0), 8)
     if kind == "Q4_K":
         return _q4_k(data)
+    if kind == "Q6_K":
+        return _q6_k(data)
     return None
 
 
@@ -127,19 +130,35 @@ def _q4_k(data: np.ndarray) -> BlockQuantized:
     )
 
 
+def _q6_k(data: np.ndarray) -> BlockQuantized:
+    """Q6_K as 8-bit blocks with a scale per 16 values: a super-block of 256 values holds 6-bit values (4 low bits
+    in 128 bytes, 2 high bits in 64), 16 int8 scales and a float16 d; w = (d * scale) * (q - 32), gguf-py's
+    arithmetic, d * scale being exact in float32 (at most 19 significant bits)."""
+    n = data.shape[0]
+    supers = data.reshape(-1, 210)  # as gguf-py splits each super-block
+    low = (supers[:, :128].reshape(-1, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F
+    high = (supers[:, 128:192].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 3
+    q = (low.reshape(-1, 8, 32) | (high.reshape(-1, 8, 32) << 4)).astype(np.int8) - np.int8(32)
+    d = supers[:, 208:].copy().view(np.float16).astype(np.float32)
+    scales = d * supers[:, 192:208].view(np.int8).astype(np.float32)
+    values, scales = torch.from_numpy(q.reshape(n, -1)), torch.from_numpy(scales.reshape(n, -1))
+    return BlockQuantized(values, scales, torch.empty(0), 8)
+
+
 def _floats(halves: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(halves.astype(np.float32))
 
 
 class QuantizedLinear(torch.nn.Module):
     """`int8_activations`: decode-sized inputs are rounded to 8 bits per block and multiplied with integer dot
-    products (kernels/quantized_linear_int8.cpp), as llama.cpp does; faster, not exact."""
+    products (kernels/quantized_linear_int8.cpp), as llama.cpp does; faster, not exact. Weights with a scale per 16
+    values (Q6_K) keep float32 inputs: that kernel reads one weight scale per 32 values."""
 
     def __init__(self, weight: BlockQuantized, bias: torch.Tensor | None, int8_activations: bool = False) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.bits = weight.bits
-        self.int8_activations = int8_activations
+        self.int8_activations = int8_activations and weight.scales.shape[1] * BLOCK == self.in_features
         self.register_buffer("qweight", weight.qweight)
         self.register_buffer("scales", weight.scales)
         self.register_buffer("mins", weight.mins)
@@ -164,7 +183,10 @@ def side_by_side(layers: list[QuantizedLinear]) -> QuantizedLinear | None:
     output row is computed as its own layer computes it. The layers keep working: their buffers become views of
     the joined rows, so the weights are held once."""
     first = layers[0]
-    kinds = {(q.bits, q.in_features, q.int8_activations, q.bias is None, q.mins.numel() == 0) for q in layers}
+    kinds = {
+        (q.bits, q.in_features, q.scales.shape[1], q.int8_activations, q.bias is None, q.mins.numel() == 0)
+        for q in layers
+    }
     if len(kinds) != 1:
         return None
     weight = BlockQuantized(

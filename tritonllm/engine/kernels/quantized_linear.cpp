@@ -1,6 +1,7 @@
 // Linear layers whose weights stay in GGUF's block formats: each row of the weight is cut into blocks of 32
 // values along the input, and each block holds small integers with a float scale (and, for 4 bits, an offset):
-//   8 bits (Q8_0): w = scale * q, q an int8;        stored [N, K] int8
+//   8 bits (Q8_0): w = scale * q, q an int8;        stored [N, K] int8; a scale per 16 values instead (Q6_K's
+//                  sub-blocks) where the scales are [N, K / 16]
 //   4 bits (Q4_1): w = scale * q + min, q in 0..15; stored [N, K / 2] uint8, GGUF's nibble order (byte j of a
 //                  block holds value j in its low half and value j + 16 in its high half); Q4_0 is the case
 //                  min = -8 * scale
@@ -26,18 +27,20 @@
 
 namespace {
 
+using weight_rows::BlockScale;
+using weight_rows::block_scale;
 using weight_rows::kBlock;
 
 // The 32 values of block `b` of a weight row, widened and scaled, into out[0:32].
-inline void dequantize_block(const uint8_t* row, int64_t bits, int64_t b, float scale, float min, float* out) {
+inline void dequantize_block(const uint8_t* row, int64_t bits, int64_t b, BlockScale scale, float min, float* out) {
   if (bits == 8) {
     const int8_t* q = reinterpret_cast<const int8_t*>(row) + b * kBlock;
-    for (int64_t i = 0; i < kBlock; ++i) out[i] = scale * q[i];
+    for (int64_t i = 0; i < kBlock; ++i) out[i] = (i < kBlock / 2 ? scale.low : scale.high) * q[i];
   } else {
     const uint8_t* q = row + b * kBlock / 2;
     for (int64_t i = 0; i < kBlock / 2; ++i) {
-      out[i] = scale * (q[i] & 0x0F) + min;
-      out[i + kBlock / 2] = scale * (q[i] >> 4) + min;
+      out[i] = scale.low * (q[i] & 0x0F) + min;
+      out[i + kBlock / 2] = scale.high * (q[i] >> 4) + min;
     }
   }
 }
@@ -45,16 +48,16 @@ inline void dequantize_block(const uint8_t* row, int64_t bits, int64_t b, float 
 #if defined(__AVX512F__)
 
 // A block is two vectors of 16 floats: scale * q + min in one fused step (min is 0 for 8 bits).
-inline void load_block(const uint8_t* row, int64_t bits, int64_t b, float scale, float min, __m512 w[2]) {
-  const __m512 s = _mm512_set1_ps(scale), m = _mm512_set1_ps(min);
+inline void load_block(const uint8_t* row, int64_t bits, int64_t b, BlockScale scale, float min, __m512 w[2]) {
+  const __m512 low = _mm512_set1_ps(scale.low), high = _mm512_set1_ps(scale.high), m = _mm512_set1_ps(min);
   if (bits == 8) {
     const __m128i* q = reinterpret_cast<const __m128i*>(row + b * kBlock);
-    w[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))), s, m);
-    w[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))), s, m);
+    w[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))), low, m);
+    w[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))), high, m);
   } else {
     const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * kBlock / 2)));
-    w[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(0x0F))), s, m);
-    w[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4)), s, m);
+    w[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(0x0F))), low, m);
+    w[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4)), high, m);
   }
 }
 
@@ -63,14 +66,15 @@ inline void load_block(const uint8_t* row, int64_t bits, int64_t b, float scale,
 // wait for each other's results; from 4 rows up the rows themselves are independent enough.
 template <int ROWS>
 void rows_times_weight_row(const float* x, int64_t x_stride, const uint8_t* row, const float* scales,
-                           const float* mins, int64_t bits, int64_t blocks, float* out, int64_t out_stride) {
+                           int64_t per_block, const float* mins, int64_t bits, int64_t blocks, float* out,
+                           int64_t out_stride) {
   constexpr int kSplit = ROWS >= 4 ? 1 : 2;
   __m512 acc[ROWS][kSplit];
   for (int r = 0; r < ROWS; ++r)
     for (int j = 0; j < kSplit; ++j) acc[r][j] = _mm512_setzero_ps();
   __m512 w[2];
   for (int64_t b = 0; b < blocks; ++b) {
-    load_block(row, bits, b, scales[b], mins ? mins[b] : 0.f, w);
+    load_block(row, bits, b, block_scale(scales, per_block, b), mins ? mins[b] : 0.f, w);
     for (int r = 0; r < ROWS; ++r) {
       const float* xb = x + r * x_stride + b * kBlock;
       acc[r][0] = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(xb), acc[r][0]);
@@ -86,9 +90,9 @@ void rows_times_weight_row(const float* x, int64_t x_stride, const uint8_t* row,
 // Few rows take the same path as many here (without the input's block sums).
 template <int ROWS>
 void few_rows_times_weight_row(const float* x, int64_t x_stride, const float*, const uint8_t* row,
-                               const float* scales, const float* mins, int64_t bits, int64_t blocks, float* out,
-                               int64_t out_stride) {
-  rows_times_weight_row<ROWS>(x, x_stride, row, scales, mins, bits, blocks, out, out_stride);
+                               const float* scales, int64_t per_block, const float* mins, int64_t bits, int64_t blocks,
+                               float* out, int64_t out_stride) {
+  rows_times_weight_row<ROWS>(x, x_stride, row, scales, per_block, mins, bits, blocks, out, out_stride);
 }
 
 // One input row against COLS weight rows ns[0..COLS) (weight_rows::for_each_row_group's), each output summed exactly
@@ -107,7 +111,8 @@ void row_times_weight_rows(const float* x, const float*, const weight_rows::Bloc
     const __m512 low = _mm512_loadu_ps(x + b * kBlock), high = _mm512_loadu_ps(x + b * kBlock + 16);
     for (int c = 0; c < COLS; ++c) {
       __m512 w[2];
-      load_block(rows[c].bytes, weight.bits, b, rows[c].scales[b], rows[c].mins ? rows[c].mins[b] : 0.f, w);
+      load_block(rows[c].bytes, weight.bits, b, block_scale(rows[c].scales, weight.scales_per_block, b),
+                 rows[c].mins ? rows[c].mins[b] : 0.f, w);
       acc[c][0] = _mm512_fmadd_ps(w[0], low, acc[c][0]);
       acc[c][1] = _mm512_fmadd_ps(w[1], high, acc[c][1]);
     }
@@ -116,11 +121,11 @@ void row_times_weight_rows(const float* x, const float*, const weight_rows::Bloc
 }
 
 // A whole weight row widened to float32 [blocks * 32].
-inline void widen_row(const uint8_t* row, int64_t bits, int64_t blocks, const float* scales, const float* mins,
-                      float* out) {
+inline void widen_row(const uint8_t* row, int64_t bits, int64_t blocks, const float* scales, int64_t per_block,
+                      const float* mins, float* out) {
   __m512 w[2];
   for (int64_t b = 0; b < blocks; ++b) {
-    load_block(row, bits, b, scales[b], mins ? mins[b] : 0.f, w);
+    load_block(row, bits, b, block_scale(scales, per_block, b), mins ? mins[b] : 0.f, w);
     _mm512_storeu_ps(out + b * kBlock, w[0]);
     _mm512_storeu_ps(out + b * kBlock + 16, w[1]);
   }
@@ -152,28 +157,49 @@ inline void block_integers(const uint8_t* row, int64_t bits, int64_t b, __m256 q
 
 // Block b of a row as four vectors of 8 floats, values 8i .. 8i + 7 in w[i]: scale * q (+ min for 4 bits, in
 // one fused step).
-inline void load_block(const uint8_t* row, int64_t bits, int64_t b, float scale, float min, __m256 w[4]) {
+inline void load_block(const uint8_t* row, int64_t bits, int64_t b, BlockScale scale, float min, __m256 w[4]) {
   block_integers(row, bits, b, w);
-  const __m256 s = _mm256_set1_ps(scale), m = _mm256_set1_ps(min);
-  for (int i = 0; i < 4; ++i) w[i] = bits == 8 ? _mm256_mul_ps(w[i], s) : _mm256_fmadd_ps(w[i], s, m);
+  const __m256 m = _mm256_set1_ps(min);
+  for (int i = 0; i < 4; ++i) {
+    const __m256 s = _mm256_set1_ps(i < 2 ? scale.low : scale.high);
+    w[i] = bits == 8 ? _mm256_mul_ps(w[i], s) : _mm256_fmadd_ps(w[i], s, m);
+  }
 }
 
 // out[m, n] for ROWS input rows and one weight row, ROWS >= 4: the block is widened and scaled once and used by
 // every input row.
 template <int ROWS>
 void rows_times_weight_row(const float* x, int64_t x_stride, const uint8_t* row, const float* scales,
-                           const float* mins, int64_t bits, int64_t blocks, float* out, int64_t out_stride) {
+                           int64_t per_block, const float* mins, int64_t bits, int64_t blocks, float* out,
+                           int64_t out_stride) {
   __m256 acc[ROWS];
   for (int r = 0; r < ROWS; ++r) acc[r] = _mm256_setzero_ps();
   __m256 w[4];
   for (int64_t b = 0; b < blocks; ++b) {
-    load_block(row, bits, b, scales[b], mins ? mins[b] : 0.f, w);
+    load_block(row, bits, b, block_scale(scales, per_block, b), mins ? mins[b] : 0.f, w);
     for (int r = 0; r < ROWS; ++r) {
       const float* xb = x + r * x_stride + b * kBlock;
       for (int i = 0; i < 4; ++i) acc[r] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xb + 8 * i), acc[r]);
     }
   }
   for (int r = 0; r < ROWS; ++r) out[r * out_stride] = sum_lanes(acc[r]);
+}
+
+// acc + scale * (x_b . q_b): block b's unscaled integers q against its 32 input values xb, in two short chains
+// rather than one long one, so that more blocks are in flight; with a scale per 16 values, each half's products
+// scaled apart.
+inline __m256 add_scaled_block(const __m256 q[4], const float* xb, BlockScale scale, bool halves, __m256 acc) {
+  if (halves) {
+    const __m256 first = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xb + 8), _mm256_mul_ps(q[0], _mm256_loadu_ps(xb)));
+    const __m256 second =
+        _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xb + 24), _mm256_mul_ps(q[2], _mm256_loadu_ps(xb + 16)));
+    return _mm256_fmadd_ps(_mm256_set1_ps(scale.high), second, _mm256_fmadd_ps(_mm256_set1_ps(scale.low), first, acc));
+  }
+  __m256 even = _mm256_mul_ps(q[0], _mm256_loadu_ps(xb));
+  __m256 odd = _mm256_mul_ps(q[1], _mm256_loadu_ps(xb + 8));
+  even = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xb + 16), even);
+  odd = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xb + 24), odd);
+  return _mm256_fmadd_ps(_mm256_set1_ps(scale.low), _mm256_add_ps(even, odd), acc);
 }
 
 // out[m, n] for ROWS < 4 input rows and one weight row, the scale and min taken out of each block's sum:
@@ -184,23 +210,16 @@ void rows_times_weight_row(const float* x, int64_t x_stride, const uint8_t* row,
 // (Taking several weight rows at once was no faster: more streams from memory for the prefetcher to follow.)
 template <int ROWS>
 void few_rows_times_weight_row(const float* x, int64_t x_stride, const float* x_sums, const uint8_t* row,
-                               const float* scales, const float* mins, int64_t bits, int64_t blocks, float* out,
-                               int64_t out_stride) {
+                               const float* scales, int64_t per_block, const float* mins, int64_t bits, int64_t blocks,
+                               float* out, int64_t out_stride) {
   __m256 acc[ROWS];
   for (int r = 0; r < ROWS; ++r) acc[r] = _mm256_setzero_ps();
   __m256 q[4];
   for (int64_t b = 0; b < blocks; ++b) {
     block_integers(row, bits, b, q);
-    const __m256 scale = _mm256_set1_ps(scales[b]);
-    for (int r = 0; r < ROWS; ++r) {
-      const float* xb = x + r * x_stride + b * kBlock;
-      // two short chains rather than one long one, so that more blocks are in flight
-      __m256 even = _mm256_mul_ps(q[0], _mm256_loadu_ps(xb));
-      __m256 odd = _mm256_mul_ps(q[1], _mm256_loadu_ps(xb + 8));
-      even = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xb + 16), even);
-      odd = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xb + 24), odd);
-      acc[r] = _mm256_fmadd_ps(scale, _mm256_add_ps(even, odd), acc[r]);
-    }
+    const BlockScale scale = block_scale(scales, per_block, b);
+    for (int r = 0; r < ROWS; ++r)
+      acc[r] = add_scaled_block(q, x + r * x_stride + b * kBlock, scale, per_block > 1, acc[r]);
   }
   for (int r = 0; r < ROWS; ++r) {
     const __m256 total = mins ? _mm256_add_ps(acc[r], partial_dot(mins, x_sums + r * blocks, blocks)) : acc[r];
@@ -225,11 +244,8 @@ void row_times_weight_rows(const float* x, const float* x_sums, const weight_row
     const float* xb = x + b * kBlock;
     for (int c = 0; c < COLS; ++c) {
       block_integers(rows[c].bytes, weight.bits, b, q);
-      __m256 even = _mm256_mul_ps(q[0], _mm256_loadu_ps(xb));
-      __m256 odd = _mm256_mul_ps(q[1], _mm256_loadu_ps(xb + 8));
-      even = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xb + 16), even);
-      odd = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xb + 24), odd);
-      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(rows[c].scales[b]), _mm256_add_ps(even, odd), acc[c]);
+      const BlockScale scale = block_scale(rows[c].scales, weight.scales_per_block, b);
+      acc[c] = add_scaled_block(q, xb, scale, weight.scales_per_block > 1, acc[c]);
     }
   }
   for (int c = 0; c < COLS; ++c) {
@@ -240,11 +256,11 @@ void row_times_weight_rows(const float* x, const float* x_sums, const weight_row
 }
 
 // A whole weight row widened to float32 [blocks * 32].
-inline void widen_row(const uint8_t* row, int64_t bits, int64_t blocks, const float* scales, const float* mins,
-                      float* out) {
+inline void widen_row(const uint8_t* row, int64_t bits, int64_t blocks, const float* scales, int64_t per_block,
+                      const float* mins, float* out) {
   __m256 w[4];
   for (int64_t b = 0; b < blocks; ++b) {
-    load_block(row, bits, b, scales[b], mins ? mins[b] : 0.f, w);
+    load_block(row, bits, b, block_scale(scales, per_block, b), mins ? mins[b] : 0.f, w);
     for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + b * kBlock + 8 * i, w[i]);
   }
 }
@@ -253,11 +269,12 @@ inline void widen_row(const uint8_t* row, int64_t bits, int64_t blocks, const fl
 
 template <int ROWS>
 void rows_times_weight_row(const float* x, int64_t x_stride, const uint8_t* row, const float* scales,
-                           const float* mins, int64_t bits, int64_t blocks, float* out, int64_t out_stride) {
+                           int64_t per_block, const float* mins, int64_t bits, int64_t blocks, float* out,
+                           int64_t out_stride) {
   float w[kBlock];
   float acc[ROWS] = {};
   for (int64_t b = 0; b < blocks; ++b) {
-    dequantize_block(row, bits, b, scales[b], mins ? mins[b] : 0.f, w);
+    dequantize_block(row, bits, b, block_scale(scales, per_block, b), mins ? mins[b] : 0.f, w);
     for (int r = 0; r < ROWS; ++r)
       for (int64_t i = 0; i < kBlock; ++i) acc[r] += w[i] * x[r * x_stride + b * kBlock + i];
   }
@@ -267,9 +284,9 @@ void rows_times_weight_row(const float* x, int64_t x_stride, const uint8_t* row,
 // Few rows take the same path as many here (without the input's block sums).
 template <int ROWS>
 void few_rows_times_weight_row(const float* x, int64_t x_stride, const float*, const uint8_t* row,
-                               const float* scales, const float* mins, int64_t bits, int64_t blocks, float* out,
-                               int64_t out_stride) {
-  rows_times_weight_row<ROWS>(x, x_stride, row, scales, mins, bits, blocks, out, out_stride);
+                               const float* scales, int64_t per_block, const float* mins, int64_t bits, int64_t blocks,
+                               float* out, int64_t out_stride) {
+  rows_times_weight_row<ROWS>(x, x_stride, row, scales, per_block, mins, bits, blocks, out, out_stride);
 }
 
 #endif
@@ -296,7 +313,7 @@ torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Te
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
   const int64_t rows = x.size(0), in_features = x.size(1);
   const weight_rows::BlockWeight weight(qweight, scales, mins, bits, in_features);
-  const int64_t blocks = weight.blocks, out_features = weight.out_features;
+  const int64_t blocks = weight.blocks, out_features = weight.out_features, per_block = weight.scales_per_block;
   auto out = torch::empty({rows, out_features}, x.options());
   const float* xp = x.data_ptr<float>();
   float* op = out.data_ptr<float>();
@@ -310,7 +327,7 @@ torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Te
           widened.resize((last - first) * in_features);
           for (int64_t n = first; n < last; ++n) {
             const weight_rows::BlockWeight::Row w = weight.row(n);
-            widen_row(w.bytes, bits, blocks, w.scales, w.mins, widened.data() + (n - first) * in_features);
+            widen_row(w.bytes, bits, blocks, w.scales, per_block, w.mins, widened.data() + (n - first) * in_features);
           }
           dense_rows_times_weight_rows(xp, rows, widened.data(), last - first, in_features, op + first,
                                        out_features);
@@ -341,21 +358,21 @@ torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Te
   weight_rows::for_each_row(weight, [&](int64_t n, const weight_rows::BlockWeight::Row& w) {
     int64_t m = 0;
     for (; m + 8 <= rows; m += 8)
-      rows_times_weight_row<8>(xp + m * in_features, in_features, w.bytes, w.scales, w.mins, bits, blocks,
+      rows_times_weight_row<8>(xp + m * in_features, in_features, w.bytes, w.scales, per_block, w.mins, bits, blocks,
                                op + m * out_features + n, out_features);
     for (; m + 4 <= rows; m += 4)
-      rows_times_weight_row<4>(xp + m * in_features, in_features, w.bytes, w.scales, w.mins, bits, blocks,
+      rows_times_weight_row<4>(xp + m * in_features, in_features, w.bytes, w.scales, per_block, w.mins, bits, blocks,
                                op + m * out_features + n, out_features);
     float* few_out = op + few_first * out_features + n;
     if (rows - m == 3)
-      few_rows_times_weight_row<3>(few_x, in_features, few_sums.data(), w.bytes, w.scales, w.mins, bits, blocks,
-                                   few_out, out_features);
+      few_rows_times_weight_row<3>(few_x, in_features, few_sums.data(), w.bytes, w.scales, per_block, w.mins, bits,
+                                   blocks, few_out, out_features);
     else if (rows - m == 2)
-      few_rows_times_weight_row<2>(few_x, in_features, few_sums.data(), w.bytes, w.scales, w.mins, bits, blocks,
-                                   few_out, out_features);
+      few_rows_times_weight_row<2>(few_x, in_features, few_sums.data(), w.bytes, w.scales, per_block, w.mins, bits,
+                                   blocks, few_out, out_features);
     else if (rows - m == 1)
-      few_rows_times_weight_row<1>(few_x, in_features, few_sums.data(), w.bytes, w.scales, w.mins, bits, blocks,
-                                   few_out, out_features);
+      few_rows_times_weight_row<1>(few_x, in_features, few_sums.data(), w.bytes, w.scales, per_block, w.mins, bits,
+                                   blocks, few_out, out_features);
   });
   return out;
 }
@@ -368,7 +385,8 @@ torch::Tensor dequantize(torch::Tensor qweight, torch::Tensor scales, torch::Ten
   float* op = out.data_ptr<float>();
   weight_rows::for_each_row(weight, [&](int64_t n, const weight_rows::BlockWeight::Row& w) {
     for (int64_t b = 0; b < weight.blocks; ++b)
-      dequantize_block(w.bytes, bits, b, w.scales[b], w.mins ? w.mins[b] : 0.f, op + n * in_features + b * kBlock);
+      dequantize_block(w.bytes, bits, b, block_scale(w.scales, weight.scales_per_block, b), w.mins ? w.mins[b] : 0.f,
+                       op + n * in_features + b * kBlock);
   });
   return out;
 }

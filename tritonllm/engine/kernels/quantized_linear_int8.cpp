@@ -197,6 +197,7 @@ torch::Tensor quantized_linear_int8(torch::Tensor x, torch::Tensor qweight, torc
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
   const int64_t rows = x.size(0), in_features = x.size(1);
   const weight_rows::BlockWeight weight(qweight, scales, mins, bits, in_features);
+  TORCH_CHECK(weight.scales_per_block == 1, "8-bit inputs take weights with one scale per 32 values");
   const int64_t blocks = weight.blocks, out_features = weight.out_features;
   const Int8Rows xq = quantize_rows(x.data_ptr<float>(), rows, in_features);
   auto out = torch::empty({rows, out_features}, x.options());

@@ -19,7 +19,8 @@ namespace weight_rows {
 constexpr int64_t kBlock = 32;  // values per block along the input
 
 // A weight in blocks of `bits` (quantized_linear.cpp's layout) for inputs of in_features values, checked, as
-// pointers to each row's bytes, scales and mins (null for 8 bits).
+// pointers to each row's bytes, scales and mins (null for 8 bits). 8-bit blocks may have a scale per 16 values
+// (scales_per_block 2, Q6_K's sub-blocks) instead of one per block.
 struct BlockWeight {
   struct Row {
     const uint8_t* bytes;
@@ -30,17 +31,23 @@ struct BlockWeight {
   const uint8_t* bytes;
   const float* scales;
   const float* mins;
-  int64_t out_features, in_features, blocks, row_bytes, bits;
+  int64_t out_features, in_features, blocks, row_bytes, bits, scales_per_block;
 
   BlockWeight(const torch::Tensor& qweight, const torch::Tensor& scale, const torch::Tensor& min, int64_t bits,
               int64_t in_features)
-      : out_features(qweight.size(0)), in_features(in_features), blocks(in_features / kBlock), bits(bits) {
+      : out_features(qweight.size(0)),
+        in_features(in_features),
+        blocks(in_features / kBlock),
+        bits(bits),
+        scales_per_block(scale.dim() == 2 ? scale.size(1) / std::max<int64_t>(1, in_features / kBlock) : 0) {
     TORCH_CHECK(bits == 8 || bits == 4, "bits must be 8 or 4");
     TORCH_CHECK(in_features % kBlock == 0, "the input size must be a multiple of 32");
     TORCH_CHECK(qweight.is_contiguous() && qweight.element_size() == 1, "qweight: contiguous bytes");
     TORCH_CHECK(qweight.size(1) == in_features * bits / 8, "qweight does not match the input size");
     TORCH_CHECK(scale.scalar_type() == torch::kFloat32 && scale.is_contiguous(), "scales: contiguous float32");
-    TORCH_CHECK(scale.size(0) == qweight.size(0) && scale.size(1) == in_features / kBlock, "scales: [N, K / 32]");
+    TORCH_CHECK(scale.size(0) == qweight.size(0) &&
+                    (scale.size(1) == blocks || (bits == 8 && scale.size(1) == 2 * blocks)),
+                "scales: [N, K / 32] (8 bits: or [N, K / 16])");
     TORCH_CHECK(bits == 8 || (min.sizes() == scale.sizes() && min.scalar_type() == torch::kFloat32 &&
                               min.is_contiguous()),
                 "4 bits need mins shaped like scales");
@@ -50,8 +57,19 @@ struct BlockWeight {
     row_bytes = qweight.size(1);
   }
 
-  Row row(int64_t n) const { return {bytes + n * row_bytes, scales + n * blocks, mins ? mins + n * blocks : nullptr}; }
+  Row row(int64_t n) const {
+    return {bytes + n * row_bytes, scales + n * blocks * scales_per_block, mins ? mins + n * blocks : nullptr};
+  }
 };
+
+// Block b's scales: its values 0..15 are scaled by `low`, 16..31 by `high` (the same scale unless the 8-bit blocks
+// have one per 16 values). `scales` is the row's.
+struct BlockScale {
+  float low, high;
+};
+inline BlockScale block_scale(const float* scales, int64_t per_block, int64_t b) {
+  return {scales[b * per_block], scales[b * per_block + per_block - 1]};
+}
 
 // Calls f(first, last) on every thread for chunks of rows [0, count) that cover them all. Threads take chunks from
 // a shared counter, so one that the OS preempts does not hold up the rest. The chunks start large, a share of
