@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from ..runtime.freed_heap import return_freed_heap
 from . import (
     cpu_kernels,
     fused_projections,
@@ -154,7 +155,7 @@ class ModelRunner:
                 self._use_decoder_stack()  # checked, now built again with the 8-bit inputs it serves with
         if world > 1:
             self._split(place or tensor_parallel.Place(0, world, 0), model_dir, dtype)
-        weight_memory.return_freed_heap()
+        return_freed_heap()
 
     def _use_decoder_stack(self) -> None:
         reason = native_decode.why_not(self.model)

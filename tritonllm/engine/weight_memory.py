@@ -12,8 +12,6 @@ go, and resident memory holds each live weight once.
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
 
@@ -44,12 +42,3 @@ def copy_out_of_files(model: torch.nn.Module) -> int:
             if address in copies:
                 tensor.set_(copies[address], tensor.storage_offset(), tensor.size(), tensor.stride())
     return sum(storage.nbytes() for storage in copies.values())
-
-
-def return_freed_heap() -> None:
-    """Hands the heap that loading freed back to the system: glibc keeps freed memory for reuse, and loading a
-    GGUF model frees much of it (the dequantized layers its blocks replace: 77 MB on SmolLM2's Q4_1)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to ask
-        pass
