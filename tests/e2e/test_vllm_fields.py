@@ -37,6 +37,19 @@ def test_unknown_fields_are_dropped_and_named_in_a_warning_header(shim_url, rout
             assert _texts(extended.json()[key]) == _texts(plain.json()[key])
 
 
+def test_unknown_field_names_any_client_sends_reach_the_header_escaped(shim_url):
+    """Control and non-ASCII characters are not allowed in a header: sent as they were, the answer never left
+    (schemathesis found it: the connection dropped)."""
+    names = {"bad\x00name": 1, 'quote"': 2, "é\udb65\udfde": 3}
+    response = httpx.post(shim_url + "/tokenize", content=json.dumps({**BODIES["/tokenize"], **names}), timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.headers["warning"] == (
+        '299 tritonllm "ignored fields: bad\\u0000name, quote\\", \\u00e9\\udb65\\udfde"'
+    )
+    long = httpx.post(shim_url + "/tokenize", json={**BODIES["/tokenize"], "x" * 600: 1}, timeout=60)
+    assert long.headers["warning"] == f'299 tritonllm "ignored fields: {"x" * 509}..."'
+
+
 def _texts(items) -> object:
     if isinstance(items, list) and items and isinstance(items[0], dict):
         return [item.get("text") or item.get("message") or item.get("content") for item in items]

@@ -122,8 +122,16 @@ class IgnoredFieldsHeader:
         async def send_with_warning(message: Message) -> None:
             ignored = scope.get("state", {}).get("ignored_fields")
             if message["type"] == "http.response.start" and ignored:
-                text = f'299 tritonllm "ignored fields: {", ".join(ignored)}"'
+                text = f'299 tritonllm "ignored fields: {_header_safe(", ".join(ignored))}"'
                 message = {**message, "headers": [*message.get("headers", []), (b"warning", text.encode())]}
             await send(message)
 
         await self.app(scope, receive, send_with_warning)
+
+
+def _header_safe(text: str, limit: int = 512) -> str:
+    """Client-chosen field names as a header's quoted string: printable ASCII only (a control or non-ASCII
+    character in a header ends the connection instead of the answer), escaped as JSON escapes it, at most
+    `limit` characters."""
+    escaped = json.dumps(text)[1:-1]
+    return escaped if len(escaped) <= limit else escaped[: limit - 3] + "..."
