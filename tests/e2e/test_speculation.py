@@ -5,11 +5,13 @@ with the prediction's tokens counted in usage."""
 
 from __future__ import annotations
 
+import os
 import types
 
 import openai
 import pytest
 import transformers
+from conftest import MODELS
 from oracles import greedy_text
 from triton_helpers import metric
 
@@ -45,6 +47,30 @@ def test_ngram_speculation_answers_as_generate_with_drafts_kept(smollm2_gguf, tm
     assert whole.choices[0].message.content == streamed == expected
     assert 0 < kept <= verified
     assert "speculative decoding: ngram" in log
+
+
+def test_a_draft_model_answers_as_generate_with_its_drafts_verified(tmp_path):
+    """The real model drafting for itself (the only draft model with its tokenizer that can be had offline):
+    every draft kept, the answer generate()'s; its folder given relative to the working directory."""
+    model_dir = MODELS / "SmolLM2-135M-Instruct"
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    prompt = list(tokenizer.apply_chat_template(ASK, add_generation_prompt=True, return_dict=True)["input_ids"])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    expected = greedy_text(hf, tokenizer, prompt, 32)[0]
+
+    draft = os.path.relpath(model_dir)
+    flags = ("--speculative", "draft_model", "--speculative-model", draft, "--num-kv-blocks", "256", "--no-embedding")
+    with running_serve(model_dir, tmp_path, *flags, "--served-model-name", "smollm2") as ports:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{ports['--shim-port']}/v1", api_key="none")
+        request = {"model": "smollm2", "messages": ASK, "max_tokens": 32, "temperature": 0}
+        whole = client.chat.completions.create(**request)
+        chunks = client.chat.completions.create(**request, stream=True)
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        server = types.SimpleNamespace(metrics_url=f"http://127.0.0.1:{ports['--metrics-port']}/metrics")
+        kept = metric(server, "tritonllm_spec_decode_accepted_tokens_total")
+        verified = metric(server, "tritonllm_spec_decode_draft_tokens_total")
+    assert whole.choices[0].message.content == streamed == expected
+    assert 0 < kept == verified
 
 
 def test_a_prediction_gives_the_same_answer_and_reports_its_tokens(openai_client, tokenizer):

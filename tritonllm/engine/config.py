@@ -64,9 +64,11 @@ class EngineConfig:
     stream_interval: int = setting(1, "a streaming request gets a response every N new tokens")
     speculative: str = setting(
         "none",
-        "drafts verified in each decode step: none, or ngram (the tokens that followed the latest earlier "
-        "occurrence of the sequence's last n tokens, in its prompt or output; greedy output stays the same)",
+        "drafts verified in each decode step: none; ngram (the tokens that followed the latest earlier "
+        "occurrence of the sequence's last n tokens, in its prompt or output); or draft_model (a smaller model "
+        "with the same tokenizer, speculative_model, proposes them). Greedy output stays the same",
     )
+    speculative_model: str = setting("", "the draft model's folder, for speculative=draft_model")
     num_speculative_tokens: int = setting(4, "draft tokens a sequence's decode step verifies at most (speculative)")
     prompt_lookup_min: int = setting(2, "shortest n-gram the ngram drafter matches")
     prompt_lookup_max: int = setting(4, "longest n-gram the ngram drafter matches (tried first)")
@@ -88,7 +90,8 @@ class EngineConfig:
             "lora_cache_size": self.lora_cache_size >= 0,
             "max_queue_size": self.max_queue_size >= 0,
             "stream_interval": self.stream_interval >= 1,
-            "speculative": self.speculative in ("none", "ngram"),
+            "speculative": self.speculative in ("none", "ngram", "draft_model"),
+            "speculative_model": bool(self.speculative_model) == (self.speculative == "draft_model"),
             "num_speculative_tokens": self.num_speculative_tokens >= 1,
             "prompt_lookup_min": self.prompt_lookup_min >= 1,
             "prompt_lookup_max": self.prompt_lookup_max >= self.prompt_lookup_min,

@@ -13,6 +13,7 @@ from . import lora
 from .beam_search import BeamSearch
 from .block_manager import BlockManager
 from .config import DTYPE_BYTES, EngineConfig
+from .draft_model import DraftModelDrafter
 from .logits_processors import ends_with_any, ends_with_stop_word
 from .model_runner import ModelRunner, ModelShape, resolve_device, resolve_dtype_name
 from .ngram_drafter import NgramDrafter
@@ -61,9 +62,21 @@ class LLMEngine:
         self.step_cost = StepCost(slowdown=config.prefill_slowdown)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens, self.step_cost)
         self.stats = EngineStats()
-        # Drafts for every sequence with speculative=ngram; else only for those that bring a prediction.
+        # Drafts for every sequence with speculative=ngram or draft_model; else only for those that bring a
+        # prediction, which the n-gram drafter drafts from either way.
         self.drafter = NgramDrafter(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
-        self.speculate_all = config.speculative == "ngram"
+        self.speculate_all = config.speculative != "none"
+        self.draft_model = None
+        if config.speculative == "draft_model":
+            self.draft_model = DraftModelDrafter(
+                Path(config.speculative_model),
+                Path(config.model_dir),
+                config.num_speculative_tokens,
+                num_blocks,
+                config.block_size,
+                dtype,
+                config.device,
+            )
 
     @property
     def max_model_len(self) -> int:
@@ -106,6 +119,8 @@ class LLMEngine:
         for s in seq.beam.live if seq.beam is not None else [seq]:
             if not s.is_finished:
                 self.scheduler.finish(s, reason)
+        if self.draft_model is not None:
+            self.draft_model.release_finished()
 
     def close(self) -> None:
         """Ends the other ranks of a tensor-parallel engine."""
@@ -127,6 +142,8 @@ class LLMEngine:
             return outputs
         self._count_step(chunks)
         outputs += self._run(chunks)
+        if self.draft_model is not None:
+            self.draft_model.release_finished()
         self.step_cost.observe(sum(c.num_fed for c in chunks), time.perf_counter() - started)
         return outputs
 
@@ -135,6 +152,7 @@ class LLMEngine:
         at a time), nor for a request that brought drafts of its own (it is told how many of those were kept)."""
         running = self.scheduler.running
         measured = self.step_cost.token_share(len(running))
+        for_draft_model: dict[Sequence, int] = {}
         for seq in running:
             if not (self.speculate_all or seq.prediction):
                 continue
@@ -146,11 +164,19 @@ class LLMEngine:
                 self.max_model_len - len(seq.token_ids) - 1,
                 self.scheduler.max_num_batched_tokens - 1,
             )
-            if room > 0:
-                # A sampled sequence's draws depend on its drafts, so they may depend on nothing but the sequence
-                # itself (its seed makes it reproducible in any batch): not on the measured step times.
-                share = measured if seq.params.greedy else None
-                seq.draft_tokens = self.drafter.draft(seq, room, share)
+            if room <= 0:
+                continue
+            if self.draft_model is not None and not seq.prediction:
+                if seq.prompt_table is None and seq.adapter is None:  # the draft model knows neither
+                    for_draft_model[seq] = room
+                continue
+            # A sampled sequence's draws depend on its drafts, so they may depend on nothing but the sequence
+            # itself (its seed makes it reproducible in any batch): not on the measured step times.
+            share = measured if seq.params.greedy else None
+            seq.draft_tokens = self.drafter.draft(seq, room, share)
+        if for_draft_model:
+            for seq, drafts in self.draft_model.draft(for_draft_model).items():
+                seq.draft_tokens = drafts
 
     def _run(self, chunks: list[ScheduledChunk]) -> list[StepOutput]:
         """The forward pass of the step's chunks, then each sampling chunk's next token (or beam step)."""
