@@ -92,3 +92,27 @@ def prompt_tuned_greedy(hf_model, table: torch.Tensor, prompt: list[int], max_ne
             eos_token_id=None,
             pad_token_id=0,
         )[0].tolist()
+
+
+PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def peft_adapter(base_dir, folder, seed: int, **settings):
+    """A PEFT LoRA adapter folder for the model in `base_dir`, with random A and B (a fresh adapter's B is zero:
+    it would change nothing); `settings` change LoraConfig's."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base_dir)
+    config = LoraConfig(init_lora_weights=False, **{"r": 4, "lora_alpha": 8, "target_modules": PROJECTIONS} | settings)
+    get_peft_model(model, config).save_pretrained(folder)
+    return folder
+
+
+def peft_model(base_dir, folder):
+    """PEFT's own model of the base with the adapter in `folder`: the oracle of LoRA served by name."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), folder).eval()

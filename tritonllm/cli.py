@@ -61,7 +61,6 @@ def serve(args: argparse.Namespace) -> int:
     from .runtime import gguf
     from .runtime.supervisor import Supervisor
     from .runtime.tritonserver import ServerError, TritonServer, port_is_free
-    from .shim.settings import ShimSettings
 
     given = Path(args.model_dir or os.environ.get(MODEL_DIR_ENV) or DEFAULT_MODELS / DEFAULT_MODEL).resolve()
     if not (given / "config.json").exists() and not gguf.is_gguf(given):
@@ -79,6 +78,7 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     try:
         overrides = engine_overrides(args)
+        check_lora_modules(args.lora_modules)
     except ValueError as e:
         _progress(str(e))
         return 2
@@ -142,20 +142,13 @@ def serve(args: argparse.Namespace) -> int:
         parser, thinking_format = tool_format.result(), thinking.result()
         reasoning_parser = thinking_format.name if thinking_format else reasoning.NONE
         _progress(f"tool calls in the {parser} format; reasoning parser: {reasoning_parser}")
-        settings = ShimSettings(
+        settings = shim_settings(
+            args,
             triton_grpc_url=server.grpc_url,
             served_model_name=args.served_model_name or (given.stem if gguf.is_gguf(given) else given.name),
             embedding_model_name=None if args.no_embedding else args.embedding_model_name,
-            default_max_tokens=args.default_max_tokens,
-            full_text_enabled=args.full_text,
             tool_call_parser=parser,
             reasoning_parser=reasoning_parser,
-            reasoning_budget=args.reasoning_budget,
-            guide_reasoning=args.guide_reasoning,
-            trust_request_chat_template=args.trust_request_chat_template,
-            strict_request_fields=args.strict_request_fields,
-            api_key=args.api_key,
-            through_ensemble=args.through_ensemble,
         )
         _progress(f"shim on http://{args.host}:{args.shim_port} serving model {settings.served_model_name!r}")
         _run_shim(settings, args, args.shim_port, unavailable=lambda: supervisor.unavailable)
@@ -182,26 +175,50 @@ def triton_host_of(args: argparse.Namespace) -> str:
 def shim(args: argparse.Namespace) -> int:
     """Only the HTTP shim, in front of a tritonserver that runs elsewhere (e.g. the official container)."""
 
-    from .shim.settings import ShimSettings
-
-    settings = ShimSettings(
+    try:
+        check_lora_modules(args.lora_modules)
+    except ValueError as e:
+        _progress(str(e))
+        return 2
+    settings = shim_settings(
+        args,
         triton_grpc_url=args.triton_grpc_url,
         served_model_name=args.served_model_name,
         embedding_model_name=args.embedding_model_name,
-        default_max_tokens=args.default_max_tokens,
-        full_text_enabled=args.full_text,
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
+    )
+    _progress(f"shim on http://{args.host}:{args.port} -> triton {args.triton_grpc_url}")
+    _run_shim(settings, args, args.port)
+    return 0
+
+
+def check_lora_modules(specs: list[str]) -> None:
+    """ValueError naming the first --lora-modules entry the shim could not serve, before anything starts."""
+    from .runtime.lora_adapters import load_peft
+    from .shim.lora_registry import parse_module
+
+    for spec in specs:
+        load_peft(*parse_module(spec))
+
+
+def shim_settings(args: argparse.Namespace, **where):
+    """The shim's settings from the flags `serve` and `shim` share, and `where` the model is and how it is named."""
+    from .shim.settings import ShimSettings
+
+    return ShimSettings(
+        default_max_tokens=args.default_max_tokens,
+        full_text_enabled=args.full_text,
         reasoning_budget=args.reasoning_budget,
         guide_reasoning=args.guide_reasoning,
         trust_request_chat_template=args.trust_request_chat_template,
         strict_request_fields=args.strict_request_fields,
         api_key=args.api_key,
         through_ensemble=args.through_ensemble,
+        lora_modules=tuple(args.lora_modules),
+        allow_runtime_lora=args.allow_runtime_lora,
+        **where,
     )
-    _progress(f"shim on http://{args.host}:{args.port} -> triton {args.triton_grpc_url}")
-    _run_shim(settings, args, args.port)
-    return 0
 
 
 def _import_shim() -> None:
@@ -274,6 +291,21 @@ def _add_access_options(p: argparse.ArgumentParser) -> None:
         "--api-key",
         default=os.environ.get(API_KEY_ENV) or None,
         help=f"require `Authorization: Bearer KEY` on every shim route but /health (default: ${API_KEY_ENV})",
+    )
+    p.add_argument(
+        "--lora-modules",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="NAME=PATH",
+        help="LoRA adapters (PEFT folders) served by name beside the model, as vLLM's flag: name=path or "
+        '{"name": ..., "path": ...}',
+    )
+    p.add_argument(
+        "--allow-runtime-lora",
+        action="store_true",
+        help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING): "
+        "clients may then load adapters from the server's disk",
     )
     p.add_argument(
         "--strict-request-fields",

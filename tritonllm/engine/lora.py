@@ -31,22 +31,13 @@ import numpy as np
 import torch
 
 from ..errors import RequestError
+from ..runtime.lora_adapters import MODULES
 
 # why a request naming an adapter is refused when install() wrapped nothing or was not asked to
 UNAVAILABLE = (
     "LoRA is not available on this model: lora_cache_size is 0, tensor_parallel_size is above 1, "
     "or no layer has the modules LoRA names"
 )
-
-MODULES = {
-    1: "self_attn.q_proj",
-    2: "self_attn.k_proj",
-    3: "self_attn.v_proj",
-    4: "self_attn.o_proj",
-    5: "mlp.up_proj",
-    6: "mlp.down_proj",
-    7: "mlp.gate_proj",
-}
 
 
 @dataclass(eq=False)

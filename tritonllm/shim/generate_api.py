@@ -81,9 +81,10 @@ def build_router(settings: ShimSettings) -> APIRouter:
     router = APIRouter()
 
     def prepare(model: str, body: GenerateRequest) -> GenerationRequest:
-        if model != settings.served_model_name:
-            raise APIError(404, f"model {model!r} does not exist; this server has {settings.served_model_name!r}")
-        return body.generation_request()
+        adapter = settings.loras.served(model)
+        request = body.generation_request()
+        request.lora = adapter
+        return request
 
     @router.post("/v2/models/{model}/generate_stream")
     async def generate_stream(request: Request, model: str, body: GenerateBody) -> StreamingResponse:

@@ -1,7 +1,7 @@
 """OpenAI routes: /v1/chat/completions, /v1/completions, /v1/models, mapped onto the ensemble's tensors.
 
 The bodies are in openai_protocol, their mapping and rendering in openai_serving; /v1/models lists the
-embedding model too; /v1/embeddings lives in embeddings_api.
+embedding model and the LoRA adapters too; /v1/embeddings lives in embeddings_api.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from ..runtime.lora_adapters import LoraAdapter
 from .errors import APIError, json_body
 from .generation import primed, until_disconnected
 from .openai_protocol import ChatRequest, CompletionRequest, SamplingFields
@@ -35,10 +36,10 @@ CompletionBody = Annotated[CompletionRequest, Depends(json_body(CompletionReques
 def build_router(settings: ShimSettings) -> APIRouter:
     router = APIRouter()
 
-    def check_model(name: str) -> None:
+    def check_model(name: str) -> LoraAdapter | None:
         if name == settings.embedding_model_name:
             raise APIError(400, f"model {name!r} only embeds; use /v1/embeddings", "model")
-        check_served_model(settings, name)
+        return check_served_model(settings, name)
 
     async def run(request: Request, body: SamplingFields, gens: list[GenerationRequest], render: Render) -> Any:
         client = request.app.state.triton
@@ -62,30 +63,32 @@ def build_router(settings: ShimSettings) -> APIRouter:
             return StreamingResponse(render.whole_stream(choices), media_type="text/event-stream")
         return JSONResponse(render.whole(choices))
 
-    cards = {
-        name: {"id": name, "object": "model", "created": settings.started, "owned_by": "tritonllm"}
-        for name in (settings.served_model_name, settings.embedding_model_name)
-        if name is not None
-    }
+    def cards() -> dict[str, dict]:
+        names = (settings.served_model_name, settings.embedding_model_name)
+        own = [{"id": name, "object": "model", "created": settings.started, "owned_by": "tritonllm"} for name in names]
+        return {card["id"]: card for card in own + settings.loras.cards(settings.started) if card["id"] is not None}
 
     @router.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": list(cards.values())}
+        return {"object": "list", "data": list(cards().values())}
 
     @router.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> dict:
-        if model_id not in cards:
-            raise APIError(404, f"model {model_id!r} does not exist; this server has {sorted(cards)}", "model")
-        return cards[model_id]
+        served = cards()
+        if model_id not in served:
+            raise APIError(404, f"model {model_id!r} does not exist; this server has {sorted(served)}", "model")
+        return served[model_id]
 
     @router.post("/v1/chat/completions")
     async def chat(request: Request, body: ChatBody) -> Any:
-        check_model(body.model)
-        return await run(request, body, [chat_generation(body, settings)], ChatRender(body, settings))
+        adapter = check_model(body.model)
+        gen = chat_generation(body, settings)
+        gen.lora = adapter
+        return await run(request, body, [gen], ChatRender(body, settings))
 
     @router.post("/v1/completions")
     async def completions(request: Request, body: CompletionBody) -> Any:
-        check_model(body.model)
+        adapter = check_model(body.model)
         body.check()
         check_size(sum(len(p) for p in body.prompt), "prompt")
         gens = []
@@ -96,6 +99,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
                 use_raw_prompt=bool(body.use_raw_prompt) or None,
                 truncate_prompt=body.error_behavior == "truncate" or None,
             )
+            gen.lora = adapter
             n = body.n or 1
             if body.use_beam_search:
                 gen.beam_width, gen.num_samples, gen.temperature = max(n, body.best_of or n, 2), n, None

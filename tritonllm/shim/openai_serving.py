@@ -13,6 +13,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..runtime.lora_adapters import LoraAdapter
 from ..tokenizer import reasoning
 from ..tokenizer.reasoning import ThinkingSplit
 from ..tokenizer.tool_calls import FORMATS, ToolCallParser
@@ -130,10 +131,9 @@ def _beams_of(piece: Piece) -> list[Piece]:
     ]
 
 
-def check_served_model(settings: ShimSettings, name: str) -> None:
-    """A 404 naming the served model unless `name` is it."""
-    if name != settings.served_model_name:
-        raise APIError(404, f"model {name!r} does not exist; this server has {settings.served_model_name!r}", "model")
+def check_served_model(settings: ShimSettings, name: str) -> LoraAdapter | None:
+    """The LoRA adapter `name` names (None: the base model); a 404 naming the served models unless it is one."""
+    return settings.loras.served(name)
 
 
 def chat_generation(body: ChatRequest, settings: ShimSettings, where: str = "messages") -> GenerationRequest:

@@ -199,10 +199,11 @@ def build_router(settings: ShimSettings) -> APIRouter:
 
     @router.post("/v1/responses")
     async def responses(request: Request, body: ResponsesBody) -> Any:
-        check_served_model(settings, body.model)
+        adapter = check_served_model(settings, body.model)
         body.check()
         chat = body.chat_request()
         gen = chat_generation(chat, settings, where="input")
+        gen.lora = adapter
         builder = ResponseBuilder(body, chat, settings)
         pieces = generate(request.app.state.triton, gen, [])
         try:

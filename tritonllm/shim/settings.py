@@ -1,9 +1,11 @@
-"""The shim's settings: where Triton is and how the served model is named."""
+"""The shim's settings: where Triton is and how the served model and its LoRA adapters are named."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+
+from .lora_registry import LoraRegistry
 
 
 @dataclass(frozen=True)
@@ -32,4 +34,12 @@ class ShimSettings:
     # the shim's generations through the `ensemble` rather than preprocessing and llm directly (direct_route.py)
     through_ensemble: bool = False
     api_key: str | None = None  # when set, every route but /health needs `Authorization: Bearer <api_key>`
+    # LoRA adapters served by name (vLLM's --lora-modules: name=path of a PEFT folder), and whether
+    # /v1/load_lora_adapter and /v1/unload_lora_adapter may change them at run time
+    lora_modules: tuple[str, ...] = ()
+    allow_runtime_lora: bool = False
     started: int = field(default_factory=lambda: int(time.time()))
+    loras: LoraRegistry = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "loras", LoraRegistry(self.served_model_name, self.lora_modules))

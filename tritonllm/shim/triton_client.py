@@ -27,6 +27,7 @@ from tritonclient.utils import InferenceServerException
 
 from .. import errors, request_parameters
 from ..runtime import multiplex, response_status
+from ..runtime.lora_adapters import LoraAdapter
 from ..runtime.tritonserver import GRPC_API_KEY_HEADER
 from .direct_route import LLM, PREPROCESSING, DirectRoute, Tensor
 from .mux_channel import ChannelClosed, MuxChannel
@@ -100,6 +101,8 @@ class GenerationRequest:
     priority: int | None = None  # 1 highest .. 5 lowest
     timeout_ms: int | None = None  # the engine ends the generation with finish reason "timeout"
     prediction: str | None = None  # Predicted Outputs: text the answer is expected to repeat
+    lora: LoraAdapter | None = None  # served by its task id; with lora_weights_attached, its weights too
+    lora_weights_attached: bool = False
     stream: bool = True
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
@@ -148,6 +151,11 @@ class GenerationRequest:
             tensors.append(("beam_width", "INT32", _scalar("INT32", self.beam_width)))
         if self.prediction:
             tensors.append(("prediction", "BYTES", _bytes(self.prediction)))
+        if self.lora is not None:
+            tensors.append(("lora_task_id", "UINT64", _scalar("UINT64", self.lora.task_id)))
+            if self.lora_weights_attached:
+                tensors.append(("lora_weights", "FP32", self.lora.weights[np.newaxis]))
+                tensors.append(("lora_config", "INT32", self.lora.config[np.newaxis]))
         if self.stop_token_ids:
             tensors.append(("stop_token_ids", "INT32", np.array([self.stop_token_ids], dtype=np.int32)))
         if self.logit_bias:
@@ -332,6 +340,10 @@ def _bytes(text: str) -> np.ndarray:
     return np.array([[text.encode("utf-8")]], dtype=np.object_)
 
 
+def _lora_not_held(error: TritonRequestError) -> bool:
+    return error.typed is not None and error.typed.param == "lora_task_id" and "not cached" in error.typed.message
+
+
 def _infer_input(name: str, datatype: str, array: np.ndarray) -> grpcclient.InferInput:
     tensor = grpcclient.InferInput(name, list(array.shape), datatype)
     tensor.set_data_from_numpy(array)
@@ -390,7 +402,23 @@ class TritonLLMClient:
             return False
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
-        """Yields chunks until the one with a finish reason; ends the generation if the caller stops early."""
+        """Yields chunks until the one with a finish reason; ends the generation if the caller stops early. A
+        LoRA adapter the llm does not hold (never sent to it, or forgotten for newer ones) is sent once more with
+        its weights, under a new request id (the first one's stop may still be on its way)."""
+        try:
+            async with contextlib.aclosing(self._generate(request)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+            return
+        except TritonRequestError as e:
+            if request.lora is None or request.lora_weights_attached or not _lora_not_held(e):
+                raise
+        retry = dataclasses.replace(request, lora_weights_attached=True, request_id=uuid.uuid4().hex)
+        async with contextlib.aclosing(self._generate(retry)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    async def _generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         route = await self.direct_route()
         if route is None:
             call = self._open(ENSEMBLE, request.inputs(), request.request_id)
