@@ -17,6 +17,7 @@ use the float32 GEMM, which is faster there even counting the dequantization.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..runtime import gguf
 from . import cpu_kernels
 
 log = logging.getLogger(__name__)
@@ -247,13 +249,11 @@ def quantize_from_gguf(model: torch.nn.Module, gguf_file: Path, int8_activations
     """Swaps the model's nn.Linear layers for QuantizedLinear ones built from the GGUF file the model was
     dequantized from, and its input embedding for a QuantizedEmbedding where the file keeps it in blocks;
     returns how many linear layers were swapped."""
-    from gguf import GGUFReader
-    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
-    reader = GGUFReader(str(gguf_file))
-    architecture = reader.fields["general.architecture"].contents()
+    architecture, tensors = gguf.read_tensors(gguf_file)
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=model.config.to_dict())
-    hf_names = get_gguf_hf_weights_map(model, processor)
+    hf_names = gguf_to_hf_names(model, processor)
     linears = {
         f"{name}.weight": (module, name)
         for name, module in model.named_modules()
@@ -265,16 +265,16 @@ def quantize_from_gguf(model: torch.nn.Module, gguf_file: Path, int8_activations
     embedding = model.get_input_embeddings()
     embedding_name = next(name for name, module in model.named_modules() if module is embedding)
     swapped, refused, other_formats = 0, [], Counter()
-    for tensor in reader.tensors:
+    for tensor in tensors:
         hf_name = hf_names.get(tensor.name)
         key = hf_name if hf_name in linears else by_weight.get(id(params.get(hf_name)))
         embeds = type(embedding) is torch.nn.Embedding and hf_name == f"{embedding_name}.weight"
         if key is None and not embeds:
             continue
-        blocks = from_gguf(tensor.tensor_type.name, tensor.data)
+        blocks = from_gguf(tensor.type_name, tensor.data)
         if blocks is None:
-            if tensor.tensor_type.name not in ("F32", "F16", "BF16"):
-                other_formats[tensor.tensor_type.name] += 1
+            if tensor.type_name not in ("F32", "F16", "BF16"):
+                other_formats[tensor.type_name] += 1
             continue
         name = linears[key][1] if key else embedding_name
         weight = (linears[key][0] if key else embedding).weight.detach()
@@ -305,6 +305,20 @@ def quantize_from_gguf(model: torch.nn.Module, gguf_file: Path, int8_activations
             refused,
         )
     return swapped
+
+
+def gguf_to_hf_names(model: torch.nn.Module, processor) -> dict[str, str]:
+    """transformers' map of the file's tensor names to the model's, with gguf-py's name table built once: the
+    map builds it again for each of the model's modules (319 times, 2.6 s, on Qwen2.5-0.5B)."""
+    import gguf as gguf_py
+    from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
+
+    table = gguf_py.get_tensor_name_map
+    gguf_py.get_tensor_name_map = functools.lru_cache(maxsize=None)(table)
+    try:
+        return get_gguf_hf_weights_map(model, processor)
+    finally:
+        gguf_py.get_tensor_name_map = table
 
 
 # The kernel's output on a probe against torch's matmul on the float32 weight, as a fraction of the largest
