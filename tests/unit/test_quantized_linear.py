@@ -16,6 +16,7 @@ from tritonllm.engine.quantized_linear import BlockQuantized, QuantizedEmbedding
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import Sequence
 from tritonllm.runtime import gguf
+from tritonllm.tokenizer import model_cache
 
 # Built (or loaded from the cache) here: a build that fails is this module's error, never a skip.
 cpu_kernels.build()
@@ -157,8 +158,10 @@ def test_the_quantized_embedding_gives_the_dequantized_tables_rows(kind):
     assert torch.equal(QuantizedEmbedding(blocks)(ids), F.embedding(ids, torch.from_numpy(table)))
 
 
-def test_a_layer_whose_blocks_differ_from_its_weight_stays_float32(smollm2_q4_1):
+def test_a_layer_whose_blocks_differ_from_its_weight_stays_float32(smollm2_q4_1, monkeypatch, tmp_path):
     import transformers
+
+    monkeypatch.setenv(model_cache.CACHE_ENV, str(tmp_path))  # no verdict of an earlier load
 
     file, model_dir = smollm2_q4_1
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -188,9 +191,11 @@ def test_int8_activations_serve_the_q4_1_model_close_to_exact(smollm2_q4_1):
     assert 0 < gap < 0.05
 
 
-def test_a_layer_whose_kernel_computes_otherwise_stays_float32(smollm2_q4_1, monkeypatch):
+def test_a_layer_whose_kernel_computes_otherwise_stays_float32(smollm2_q4_1, monkeypatch, tmp_path):
     """The load holds the kernel that will run, not only the dequantized blocks, to the float32 weight."""
     import transformers
+
+    monkeypatch.setenv(model_cache.CACHE_ENV, str(tmp_path))  # no verdict of an earlier load
 
     file, model_dir = smollm2_q4_1
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -203,3 +208,30 @@ def test_a_layer_whose_kernel_computes_otherwise_stays_float32(smollm2_q4_1, mon
     mlp = model.model.layers[5].mlp
     assert type(mlp.gate_proj) is torch.nn.Linear and type(mlp.up_proj) is torch.nn.Linear
     assert isinstance(mlp.down_proj, QuantizedLinear)
+
+
+def test_a_later_load_of_the_same_file_reads_the_checks_verdict(smollm2_q4_1, monkeypatch, tmp_path):
+    """The checks' verdict is kept for the same file, weights, code and kernel build: the second load refuses
+    what the first refused without checking again, and a load of another file checks again."""
+    import shutil
+
+    import transformers
+
+    file, model_dir = smollm2_q4_1
+    monkeypatch.setenv(model_cache.CACHE_ENV, str(tmp_path))
+    honest = QuantizedLinear.forward
+
+    def load(gguf_file) -> int:
+        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+        return quantized_linear.quantize_from_gguf(model, gguf_file)
+
+    def off(self, x):  # a thousandth off on gate_proj's and up_proj's shape: 60 layers
+        return honest(self, x) * (1.001 if self.out_features == 1536 else 1)
+
+    monkeypatch.setattr(QuantizedLinear, "forward", off)
+    assert load(file) == 211 - 60
+    monkeypatch.setattr(QuantizedLinear, "forward", honest)
+    assert load(file) == 211 - 60  # the verdict, not a new check
+    assert len(list(tmp_path.glob("*.gguf_blocks_checked.json"))) == 1
+    copy = shutil.copy(file, tmp_path / "copy.gguf")
+    assert load(copy) == 211  # another file: checked again

@@ -8,8 +8,9 @@ Q4_K recut into 32-value blocks of 4 bits), and frees the float32 copy; the inpu
 it in blocks (or ties it to a block-quantized output layer), becomes a QuantizedEmbedding that reads the same
 blocks.
 The swap is checked, not trusted: the blocks, read through the same row order transformers applied (llama.cpp
-stores Q and K rows permuted), must dequantize to exactly the float32 weight they replace, else the layer keeps
-its float32 weight and the log says why.
+stores Q and K rows permuted), must dequantize to exactly the float32 weight they replace, and the kernel on them
+must compute probes as the float32 layer does, else the layer keeps its float32 weight and the log says why. The
+verdict is kept for later starts with the same file, weights, code and kernel build (_verdict_file).
 
 A few rows (decode steps) run the native kernel over the blocks; many rows (prefill) dequantize the weight and
 use the float32 GEMM, which is faster there even counting the dequantization.
@@ -18,11 +19,14 @@ use the float32 GEMM, which is faster there even counting the dequantization.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import logging
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from ..runtime import gguf
+from ..tokenizer import model_cache
 from . import cpu_kernels
 
 log = logging.getLogger(__name__)
@@ -264,6 +269,8 @@ def quantize_from_gguf(model: torch.nn.Module, gguf_file: Path, int8_activations
     params = dict(model.named_parameters(remove_duplicate=False))
     embedding = model.get_input_embeddings()
     embedding_name = next(name for name, module in model.named_modules() if module is embedding)
+    verdict_file = _verdict_file(model, gguf_file, int8_activations)
+    verdict = json.loads(verdict_file.read_text()) if verdict_file.is_file() else None
     swapped, refused, other_formats = 0, [], Counter()
     for tensor in tensors:
         hf_name = hf_names.get(tensor.name)
@@ -280,18 +287,23 @@ def quantize_from_gguf(model: torch.nn.Module, gguf_file: Path, int8_activations
         weight = (linears[key][0] if key else embedding).weight.detach()
         order = processor.process(np.arange(blocks.shape[0])[:, None], tensor.name).weights[:, 0]
         blocks = blocks.rows(np.ascontiguousarray(order))
-        if blocks.shape != tuple(weight.shape) or not torch.equal(blocks.dequantize(), weight):
+        checked = verdict is None
+        if blocks.shape != tuple(weight.shape) or (
+            name in verdict["refused"] if verdict else not torch.equal(blocks.dequantize(), weight)
+        ):
             refused.append(name)
             continue
         if key:
             layer = QuantizedLinear(blocks, linears[key][0].bias, int8_activations)
-            if not kernel_matches(layer, weight, linears[key][0].bias):
+            if checked and not kernel_matches(layer, weight, linears[key][0].bias):
                 refused.append(name)
                 continue
             _replace(model, name, layer)
             swapped += 1
         if embeds:  # the same blocks, shared with a tied output layer
             _replace(model, embedding_name, QuantizedEmbedding(blocks))
+    if verdict is None:
+        model_cache.write(verdict_file, json.dumps({"refused": refused}))
     if other_formats:
         log.warning(
             "%d layers run dequantized: no kernel here reads their GGUF formats %s",
@@ -305,6 +317,30 @@ def quantize_from_gguf(model: torch.nn.Module, gguf_file: Path, int8_activations
             refused,
         )
     return swapped
+
+
+def _verdict_file(model: torch.nn.Module, gguf_file: Path, int8_activations: bool) -> Path:
+    """Where the load's checks of a file's blocks are kept: they compare the same blocks with the same float32
+    weights through the same kernel build on every start (seconds on a 0.5B model), so a start with the same
+    file and float32 weights, this code, the same kernel build and library versions reads the layers they
+    refused instead."""
+    kernels = Path(cpu_kernels.native().__file__)
+    weights = sorted(Path(model.name_or_path).glob("*.safetensors"))
+    identity = [
+        [(str(w), w.stat().st_size, w.stat().st_mtime_ns) for w in weights],
+        str(gguf_file.resolve()),
+        gguf_file.stat().st_size,
+        gguf_file.stat().st_mtime_ns,
+        hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+        str(kernels),
+        kernels.stat().st_mtime_ns,
+        int8_activations,
+        torch.__version__,
+        version("transformers"),
+        version("gguf"),
+    ]
+    key = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:32]
+    return model_cache.cache_dir() / f"{key}.gguf_blocks_checked.json"
 
 
 def gguf_to_hf_names(model: torch.nn.Module, processor) -> dict[str, str]:
