@@ -270,7 +270,7 @@ def quantize_from_gguf(model: torch.nn.Module, gguf_file: Path, int8_activations
     embedding = model.get_input_embeddings()
     embedding_name = next(name for name, module in model.named_modules() if module is embedding)
     verdict_file = _verdict_file(model, gguf_file, int8_activations)
-    verdict = json.loads(verdict_file.read_text()) if verdict_file.is_file() else None
+    verdict = json.loads(verdict_file.read_text()) if verdict_file and verdict_file.is_file() else None
     swapped, refused, other_formats = 0, [], Counter()
     for tensor in tensors:
         hf_name = hf_names.get(tensor.name)
@@ -302,7 +302,7 @@ def quantize_from_gguf(model: torch.nn.Module, gguf_file: Path, int8_activations
             swapped += 1
         if embeds:  # the same blocks, shared with a tied output layer
             _replace(model, embedding_name, QuantizedEmbedding(blocks))
-    if verdict is None:
+    if verdict is None and verdict_file:
         model_cache.write(verdict_file, json.dumps({"refused": refused}))
     if other_formats:
         log.warning(
@@ -319,12 +319,15 @@ def quantize_from_gguf(model: torch.nn.Module, gguf_file: Path, int8_activations
     return swapped
 
 
-def _verdict_file(model: torch.nn.Module, gguf_file: Path, int8_activations: bool) -> Path:
+def _verdict_file(model: torch.nn.Module, gguf_file: Path, int8_activations: bool) -> Path | None:
     """Where the load's checks of a file's blocks are kept: they compare the same blocks with the same float32
     weights through the same kernel build on every start (seconds on a 0.5B model), so a start with the same
     file and float32 weights, this code, the same kernel build and library versions reads the layers they
-    refused instead."""
-    kernels = Path(cpu_kernels.native().__file__)
+    refused instead. None without the native kernels: nothing is kept."""
+    module = cpu_kernels.native()
+    if module is None:
+        return None
+    kernels = Path(module.__file__)
     weights = sorted(Path(model.name_or_path).glob("*.safetensors"))
     identity = [
         [(str(w), w.stat().st_size, w.stat().st_mtime_ns) for w in weights],

@@ -341,7 +341,9 @@ def _bytes(text: str) -> np.ndarray:
 
 
 def _lora_not_held(error: TritonRequestError) -> bool:
-    return error.typed is not None and error.typed.param == "lora_task_id" and "not cached" in error.typed.message
+    """An error naming the task id: the llm does not hold the adapter (or serves no LoRA at all, which the resend
+    with the weights then answers with the same error)."""
+    return error.typed is not None and error.typed.param == "lora_task_id"
 
 
 def _infer_input(name: str, datatype: str, array: np.ndarray) -> grpcclient.InferInput:
