@@ -26,51 +26,44 @@ CODE = (
 ASK = [{"role": "user", "content": "Add a docstring to each function in this code:\n" + CODE}]
 
 
-def test_ngram_speculation_answers_as_generate_with_drafts_kept(smollm2_gguf, tmp_path):
-    model_dir = gguf.hf_model_dir(smollm2_gguf)
+def served_with(model, model_dir, tmp_path, max_tokens: int, *flags: str) -> dict:
+    """generate()'s answer to ASK on the model in `model_dir`, and `serve`'s on `model` with `flags`: whole and
+    streamed, the drafts kept and verified (the llm's metrics), and serve's log."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     prompt = list(tokenizer.apply_chat_template(ASK, add_generation_prompt=True, return_dict=True)["input_ids"])
     hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    expected = greedy_text(hf, tokenizer, prompt, 48)[0]
-
-    flags = ("--speculative", "ngram", "--num-kv-blocks", "256", "--no-embedding", "--served-model-name", "smollm2")
-    with running_serve(smollm2_gguf, tmp_path, *flags) as ports:
+    flags = (*flags, "--num-kv-blocks", "256", "--no-embedding", "--served-model-name", "smollm2")
+    with running_serve(model, tmp_path, *flags) as ports:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{ports['--shim-port']}/v1", api_key="none")
-        request = {"model": "smollm2", "messages": ASK, "max_tokens": 48, "temperature": 0}
-        whole = client.chat.completions.create(**request)
+        request = {"model": "smollm2", "messages": ASK, "max_tokens": max_tokens, "temperature": 0}
+        whole = client.chat.completions.create(**request).choices[0].message.content
         chunks = client.chat.completions.create(**request, stream=True)
         streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         server = types.SimpleNamespace(metrics_url=f"http://127.0.0.1:{ports['--metrics-port']}/metrics")
-        kept = metric(server, "tritonllm_spec_decode_accepted_tokens_total")
-        verified = metric(server, "tritonllm_spec_decode_draft_tokens_total")
-        log = (tmp_path / "serve.log").read_text()
-    assert whole.choices[0].message.content == streamed == expected
-    assert 0 < kept <= verified
-    assert "speculative decoding: ngram" in log
+        return {
+            "expected": greedy_text(hf, tokenizer, prompt, max_tokens)[0],
+            "answers": (whole, streamed),
+            "kept": metric(server, "tritonllm_spec_decode_accepted_tokens_total"),
+            "verified": metric(server, "tritonllm_spec_decode_draft_tokens_total"),
+            "log": (tmp_path / "serve.log").read_text(),
+        }
+
+
+def test_ngram_speculation_answers_as_generate_with_drafts_kept(smollm2_gguf, tmp_path):
+    served = served_with(smollm2_gguf, gguf.hf_model_dir(smollm2_gguf), tmp_path, 48, "--speculative", "ngram")
+    assert served["answers"] == (served["expected"],) * 2
+    assert 0 < served["kept"] <= served["verified"]
+    assert "speculative decoding: ngram" in served["log"]
 
 
 def test_a_draft_model_answers_as_generate_with_its_drafts_verified(tmp_path):
     """The real model drafting for itself (the only draft model with its tokenizer that can be had offline):
     every draft kept, the answer generate()'s; its folder given relative to the working directory."""
     model_dir = MODELS / "SmolLM2-135M-Instruct"
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    prompt = list(tokenizer.apply_chat_template(ASK, add_generation_prompt=True, return_dict=True)["input_ids"])
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    expected = greedy_text(hf, tokenizer, prompt, 32)[0]
-
-    draft = os.path.relpath(model_dir)
-    flags = ("--speculative", "draft_model", "--speculative-model", draft, "--num-kv-blocks", "256", "--no-embedding")
-    with running_serve(model_dir, tmp_path, *flags, "--served-model-name", "smollm2") as ports:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{ports['--shim-port']}/v1", api_key="none")
-        request = {"model": "smollm2", "messages": ASK, "max_tokens": 32, "temperature": 0}
-        whole = client.chat.completions.create(**request)
-        chunks = client.chat.completions.create(**request, stream=True)
-        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        server = types.SimpleNamespace(metrics_url=f"http://127.0.0.1:{ports['--metrics-port']}/metrics")
-        kept = metric(server, "tritonllm_spec_decode_accepted_tokens_total")
-        verified = metric(server, "tritonllm_spec_decode_draft_tokens_total")
-    assert whole.choices[0].message.content == streamed == expected
-    assert 0 < kept == verified
+    flags = ("--speculative", "draft_model", "--speculative-model", os.path.relpath(model_dir))
+    served = served_with(model_dir, model_dir, tmp_path, 32, *flags)
+    assert served["answers"] == (served["expected"],) * 2
+    assert 0 < served["kept"] == served["verified"]
 
 
 def test_a_prediction_gives_the_same_answer_and_reports_its_tokens(openai_client, tokenizer):
