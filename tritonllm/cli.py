@@ -76,9 +76,10 @@ def serve(args: argparse.Namespace) -> int:
     if args.no_embedding and args.embedding_model_dir:
         _progress("--no-embedding and --embedding-model-dir: pick one")
         return 2
+    served_model_name = args.served_model_name or (given.stem if gguf.is_gguf(given) else given.name)
     try:
         overrides = engine_overrides(args)
-        check_lora_modules(args.lora_modules)
+        loras = lora_registry(served_model_name, args.lora_modules)
     except ValueError as e:
         _progress(str(e))
         return 2
@@ -145,10 +146,11 @@ def serve(args: argparse.Namespace) -> int:
         settings = shim_settings(
             args,
             triton_grpc_url=server.grpc_url,
-            served_model_name=args.served_model_name or (given.stem if gguf.is_gguf(given) else given.name),
+            served_model_name=served_model_name,
             embedding_model_name=None if args.no_embedding else args.embedding_model_name,
             tool_call_parser=parser,
             reasoning_parser=reasoning_parser,
+            loras=loras,
         )
         _progress(f"shim on http://{args.host}:{args.shim_port} serving model {settings.served_model_name!r}")
         _run_shim(settings, args, args.shim_port, unavailable=lambda: supervisor.unavailable)
@@ -175,31 +177,31 @@ def triton_host_of(args: argparse.Namespace) -> str:
 def shim(args: argparse.Namespace) -> int:
     """Only the HTTP shim, in front of a tritonserver that runs elsewhere (e.g. the official container)."""
 
-    try:
-        check_lora_modules(args.lora_modules)
+    try:  # the settings load the LoRA adapters: a bad one stops the shim before it serves
+        settings = shim_settings(
+            args,
+            triton_grpc_url=args.triton_grpc_url,
+            served_model_name=args.served_model_name,
+            embedding_model_name=args.embedding_model_name,
+            tool_call_parser=args.tool_call_parser,
+            reasoning_parser=args.reasoning_parser,
+        )
     except ValueError as e:
         _progress(str(e))
         return 2
-    settings = shim_settings(
-        args,
-        triton_grpc_url=args.triton_grpc_url,
-        served_model_name=args.served_model_name,
-        embedding_model_name=args.embedding_model_name,
-        tool_call_parser=args.tool_call_parser,
-        reasoning_parser=args.reasoning_parser,
-    )
     _progress(f"shim on http://{args.host}:{args.port} -> triton {args.triton_grpc_url}")
     _run_shim(settings, args, args.port)
     return 0
 
 
-def check_lora_modules(specs: list[str]) -> None:
-    """ValueError naming the first --lora-modules entry the shim could not serve, before anything starts."""
-    from .runtime.lora_adapters import load_peft
-    from .shim.lora_registry import parse_module
+def lora_registry(served_model_name: str, modules: list[str]):
+    """The --lora-modules adapters, loaded once, before anything starts (a bad one stops serve then); None
+    without any, so that serve's start does not wait for the shim's imports."""
+    if not modules:
+        return None
+    from .shim.lora_registry import LoraRegistry
 
-    for spec in specs:
-        load_peft(*parse_module(spec))
+    return LoraRegistry(served_model_name, modules)
 
 
 def shim_settings(args: argparse.Namespace, **where):

@@ -138,13 +138,12 @@ class LLMEngine:
         self._draft()
         chunks, ended = self.scheduler.schedule()
         outputs = [StepOutput(seq, [], self.last_batch_size) for seq in self._end_searches(ended)]
-        if not chunks:
-            return outputs
-        self._count_step(chunks)
-        outputs += self._run(chunks)
-        if self.draft_model is not None:
+        if chunks:
+            self._count_step(chunks)
+            outputs += self._run(chunks)
+            self.step_cost.observe(sum(c.num_fed for c in chunks), time.perf_counter() - started)
+        if self.draft_model is not None:  # sequences this step ended, in scheduling or after their tokens
             self.draft_model.release_finished()
-        self.step_cost.observe(sum(c.num_fed for c in chunks), time.perf_counter() - started)
         return outputs
 
     def _draft(self) -> None:

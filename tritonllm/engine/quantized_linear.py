@@ -289,7 +289,7 @@ def quantize_from_gguf(model: torch.nn.Module, gguf_file: Path, int8_activations
         blocks = blocks.rows(np.ascontiguousarray(order))
         checked = verdict is None
         if blocks.shape != tuple(weight.shape) or (
-            name in verdict["refused"] if verdict else not torch.equal(blocks.dequantize(), weight)
+            not torch.equal(blocks.dequantize(), weight) if checked else name in verdict["refused"]
         ):
             refused.append(name)
             continue

@@ -23,6 +23,10 @@ from ..runtime.lora_adapters import LoraAdapter, load_peft
 from .errors import APIError
 
 
+class NameTaken(ValueError):
+    """An adapter asked to be served under a name already served."""
+
+
 class LoraRegistry:
     def __init__(self, base_name: str, modules: Sequence[str] = ()) -> None:
         """`modules`: each `name=path`, or vLLM's JSON form {"name": ..., "path": ...}."""
@@ -45,7 +49,7 @@ class LoraRegistry:
 
     def load(self, name: str, path: Path) -> LoraAdapter:
         if name in self.names():
-            raise ValueError(f"LoRA adapter {name}: the name is served already")
+            raise NameTaken(f"LoRA adapter {name}: the name is served already")
         self.adapters[name] = adapter = load_peft(name, path)
         return adapter
 
@@ -95,10 +99,10 @@ def build_router(registry: LoraRegistry) -> APIRouter:
 
     @router.post("/v1/load_lora_adapter")
     async def load(body: LoadAdapter) -> PlainTextResponse:
-        if body.lora_name in registry.names():
-            raise APIError(400, f"the name {body.lora_name!r} is served already", "lora_name")
         try:
             registry.load(body.lora_name, Path(body.lora_path))
+        except NameTaken as e:
+            raise APIError(400, str(e), "lora_name") from e
         except (ValueError, OSError) as e:
             raise APIError(400, str(e), "lora_path") from e
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")

@@ -39,7 +39,9 @@ class ShimSettings:
     lora_modules: tuple[str, ...] = ()
     allow_runtime_lora: bool = False
     started: int = field(default_factory=lambda: int(time.time()))
-    loras: LoraRegistry = field(init=False, repr=False, compare=False)
+    # the adapters loaded (serve loads them before tritonserver starts); None: loaded here from lora_modules
+    loras: LoraRegistry | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "loras", LoraRegistry(self.served_model_name, self.lora_modules))
+        if self.loras is None:
+            object.__setattr__(self, "loras", LoraRegistry(self.served_model_name, self.lora_modules))
