@@ -58,34 +58,29 @@ def _interrupt(*_) -> None:
 
 def serve(args: argparse.Namespace) -> int:
 
-    from .runtime import gguf
+    from .runtime import gguf, model_set
     from .runtime.supervisor import Supervisor
     from .runtime.tritonserver import ServerError, TritonServer, port_is_free
 
-    given = Path(args.model_dir or os.environ.get(MODEL_DIR_ENV) or DEFAULT_MODELS / DEFAULT_MODEL).resolve()
-    if not (given / "config.json").exists() and not gguf.is_gguf(given):
-        if given.parent == DEFAULT_MODELS.resolve() and given.name in ("tiny", "small"):
-            from .runtime.demo_model import build_demo_models
-
-            _progress(f"demo model {given.name} not built yet; building it")
-            build_demo_models(DEFAULT_MODELS, [given.name], progress=_progress)
-        else:
-            hint = " (`make model` converts the default model)" if given.name == DEFAULT_MODEL else ""
-            _progress(f"no HF model directory (config.json) or .gguf file at {given}{hint}")
-            return 2
     if args.no_embedding and args.embedding_model_dir:
         _progress("--no-embedding and --embedding-model-dir: pick one")
         return 2
-    served_model_name = args.served_model_name or (given.stem if gguf.is_gguf(given) else given.name)
     try:
+        llms = model_set.llm_set(given_models(args), args.served_model_name)
+        if args.models_max is not None and not 1 <= args.models_max < len(llms):
+            raise ValueError(f"--models-max {args.models_max}: give 1 to {len(llms) - 1} beside {len(llms)} models")
         overrides = engine_overrides(args)
-        loras = lora_registry(served_model_name, args.lora_modules)
+        loras = lora_registry(llms[0].name, args.lora_modules)
     except ValueError as e:
         _progress(str(e))
         return 2
-    if gguf.is_gguf(given):
-        _progress(f"{given.name}: dequantized once into a cached HF directory; Q8_0 and Q4 weights stay quantized")
-    model_dir = gguf.hf_model_dir(given)
+    for llm in llms:
+        if gguf.is_gguf(llm.path):
+            _progress(f"{llm.path.name}: dequantized once into a cached HF directory; quantized weights stay in blocks")
+    model_dirs = [gguf.hf_model_dir(llm.path) for llm in llms]
+    model_dir = model_dirs[0]
+    if len(llms) > 1:
+        _progress(f"models: {', '.join(f'{llm.name} (Triton: {llm.triton.ensemble})' for llm in llms)}")
     triton_host = triton_host_of(args)
     ports = {
         "--http-port": (triton_host, args.http_port),
@@ -105,9 +100,9 @@ def serve(args: argparse.Namespace) -> int:
     # own tokenizer the same way. The shim's own imports (0.7 s) are done then too, off the path to ready.
     if not args.no_shim:
         early = ThreadPoolExecutor(1)
-        tool_format = early.submit(lambda: resolve_format_of(args.tool_call_parser, model_dir).name)
-        thinking = early.submit(lambda: reasoning.resolve_format_of(args.reasoning_parser, model_dir))
+        formats = [early.submit(model_formats, args, folder) for folder in model_dirs]
         early.submit(_import_shim)
+    loaded_first = [llm.triton.ensemble for llm in llms[: args.models_max]]
 
     server = TritonServer(
         Path(args.model_repository),
@@ -119,18 +114,21 @@ def serve(args: argparse.Namespace) -> int:
         llm_instances=args.llm_instances,
         without_models=("embedding",) if args.no_embedding else (),
         exit_timeout_s=args.drain_seconds,
-        env={
-            MODEL_DIR_ENV: str(model_dir),
-            TOOL_CALL_PARSER_ENV: args.tool_call_parser,
-            OVERRIDES_ENV: json.dumps(overrides),
-        }
+        # several LLMs: each one's folder is written into its staged configs, and the models load on demand
+        llms=[(llm.triton, folder) for llm, folder in zip(llms, model_dirs, strict=True)] if len(llms) > 1 else [],
+        load_at_start=(*loaded_first, *(() if args.no_embedding else ("embedding",))) if len(llms) > 1 else None,
+        env={TOOL_CALL_PARSER_ENV: args.tool_call_parser, OVERRIDES_ENV: json.dumps(overrides)}
+        | ({MODEL_DIR_ENV: str(model_dir)} if len(llms) == 1 else {})
         | (
             {EMBEDDING_MODEL_DIR_ENV: str(Path(args.embedding_model_dir).resolve())} if args.embedding_model_dir else {}
         ),
     )
     supervisor = Supervisor(server, _progress)
     started = time.monotonic()
-    _progress(f"starting tritonserver on {triton_host} (http {args.http_port}, grpc {args.grpc_port}) for {model_dir}")
+    _progress(
+        f"starting tritonserver on {triton_host} (http {args.http_port}, grpc {args.grpc_port}) for "
+        + ", ".join(map(str, model_dirs[: args.models_max]))
+    )
     # SIGTERM unwinds like Ctrl-C (uvicorn handles both while it runs, and re-raises them when done).
     signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -140,19 +138,29 @@ def serve(args: argparse.Namespace) -> int:
         if args.no_shim:
             supervisor.wait()  # until Ctrl-C or SIGTERM; a server that dies is restarted meanwhile
             return 0
-        parser, thinking_format = tool_format.result(), thinking.result()
-        reasoning_parser = thinking_format.name if thinking_format else reasoning.NONE
-        _progress(f"tool calls in the {parser} format; reasoning parser: {reasoning_parser}")
+        from .shim.settings import ServedModel
+
+        served = [
+            ServedModel(llm.name, llm.triton, *formats.result()) for llm, formats in zip(llms, formats, strict=True)
+        ]
+        for model in served:
+            _progress(
+                f"{model.name}: tool calls in the {model.tool_call_parser} format; reasoning parser: "
+                f"{model.reasoning_parser}"
+            )
+        first = served[0]
         settings = shim_settings(
             args,
             triton_grpc_url=server.grpc_url,
-            served_model_name=served_model_name,
+            served_model_name=first.name,
             embedding_model_name=None if args.no_embedding else args.embedding_model_name,
-            tool_call_parser=parser,
-            reasoning_parser=reasoning_parser,
+            tool_call_parser=first.tool_call_parser,
+            reasoning_parser=first.reasoning_parser,
             loras=loras,
+            more_models=tuple(served[1:]),
+            models_max=args.models_max,
         )
-        _progress(f"shim on http://{args.host}:{args.shim_port} serving model {settings.served_model_name!r}")
+        _progress(f"shim on http://{args.host}:{args.shim_port} serving {[model.name for model in served]}")
         _run_shim(settings, args, args.shim_port, unavailable=lambda: supervisor.unavailable)
     except ServerError as e:
         _progress(str(e))
@@ -164,6 +172,38 @@ def serve(args: argparse.Namespace) -> int:
         _progress("stopping tritonserver")
         server.stop()
     return 0
+
+
+def given_models(args: argparse.Namespace) -> list[Path]:
+    """The LLMs `serve` is asked for: each --model-dir, then what --models-folder holds; else $TRITONLLM_MODEL_DIR
+    or the default. A demo model not built yet is built; ValueError for a path that holds no model."""
+    from .runtime import model_set
+
+    # absolute, not resolved: a link's own name is the model's
+    paths = [Path(p).absolute() for p in args.model_dir or ()]
+    if args.models_folder:
+        paths += model_set.models_in(Path(args.models_folder).absolute())
+    if not paths:
+        paths = [Path(os.environ.get(MODEL_DIR_ENV) or DEFAULT_MODELS / DEFAULT_MODEL).absolute()]
+    for path in paths:
+        if model_set.is_model(path):
+            continue
+        if path.parent.resolve() == DEFAULT_MODELS.resolve() and path.name in ("tiny", "small"):
+            from .runtime.demo_model import build_demo_models
+
+            _progress(f"demo model {path.name} not built yet; building it")
+            build_demo_models(DEFAULT_MODELS, [path.name], progress=_progress)
+        else:
+            hint = " (`make model` converts the default model)" if path.name == DEFAULT_MODEL else ""
+            raise ValueError(f"no HF model directory (config.json) or .gguf file at {path}{hint}")
+    return paths
+
+
+def model_formats(args: argparse.Namespace, model_dir: Path) -> tuple[str, str]:
+    """How the model writes tool calls and its thinking (the shim's parsers), from its chat template unless the
+    flags say."""
+    thinking = reasoning.resolve_format_of(args.reasoning_parser, model_dir)
+    return resolve_format_of(args.tool_call_parser, model_dir).name, thinking.name if thinking else reasoning.NONE
 
 
 def triton_host_of(args: argparse.Namespace) -> str:
@@ -387,10 +427,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run tritonserver on the model repository plus the HTTP shim")
     p.add_argument(
         "--model-dir",
-        help=f"HF causal-LM directory or .gguf file (default: ${MODEL_DIR_ENV} or models/{DEFAULT_MODEL})",
+        action="append",
+        help=f"HF causal-LM directory or .gguf file (default: ${MODEL_DIR_ENV} or models/{DEFAULT_MODEL}); given "
+        "again, several LLMs, each served by its name (the folder's or file's)",
+    )
+    p.add_argument(
+        "--models-folder",
+        help="serve every LLM in this folder too: each subfolder with a config.json, each .gguf file",
+    )
+    p.add_argument(
+        "--models-max",
+        type=int,
+        metavar="N",
+        help="with several LLMs, at most N loaded at once: the first N load at start, any other at its first "
+        "request, the least recently used idle one unloaded to make room (default: all loaded)",
     )
     p.add_argument("--model-repository", default=str(DEFAULT_REPOSITORY))
-    p.add_argument("--served-model-name", help="name clients use (default: the model directory's or file's name)")
+    p.add_argument(
+        "--served-model-name", help="name clients use for the (first) model (default: its folder's or file's name)"
+    )
     p.add_argument(
         "--embedding-model-dir", help="sentence-transformers folder (default: the packaged all-MiniLM-L6-v2)"
     )

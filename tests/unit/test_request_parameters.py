@@ -22,7 +22,7 @@ UNDECLARED_FIELDS = {
     "max_tokens", "max_tokens_must_fit", "text", "prompt_ids", "messages", "tools", "stop_token_ids", "logit_bias",
     "ignore_eos", "use_raw_prompt", "truncate_prompt", "num_samples", "beam_width", "guide", "stream", "request_id",
     "prediction", "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "chat_template",
-    "thinking_open", "lora", "lora_weights_attached",
+    "thinking_open", "lora", "lora_weights_attached", "model",
 }  # fmt: skip
 
 

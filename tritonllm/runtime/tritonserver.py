@@ -8,6 +8,7 @@ paths resolve. The stub runs models in the interpreter found first on PATH, so t
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import random
 import re
@@ -25,15 +26,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .model_set import TritonNames, renamed_config
+
 
 class ServerError(RuntimeError):
     pass
 
 
 # tritonserver's log lines about each model's load (model_lifecycle.cc)
-_LOADING = re.compile(r"loading: (\w+):\d+")
-_LOADED = re.compile(r"successfully loaded '(\w+)'")
-_FAILED = re.compile(r"failed to load '(\w+)' version \d+: (.*)")
+_LOADING = re.compile(r"loading: ([\w.-]+):\d+")
+_LOADED = re.compile(r"successfully loaded '([\w.-]+)'")
+_FAILED = re.compile(r"failed to load '([\w.-]+)' version \d+: (.*)")
 
 
 class ModelLoads:
@@ -167,6 +170,11 @@ class TritonServer:
     log_file: Path | None = None
     llm_instances: int = 1  # engines in the llm model (instance_group count), each with its own KV pool
     without_models: tuple[str, ...] = ()  # models of the repository this server does not load
+    # several LLMs (model_set.py): each one's Triton names and model folder; empty: the repository's one LLM
+    llms: list[tuple[TritonNames, Path]] = field(default_factory=list)
+    # Triton's explicit model control: only these models load at start, the others when a client asks
+    # (the repository API); None: every model loads at start and the repository cannot be changed
+    load_at_start: tuple[str, ...] | None = None
     # When set, every HTTP and gRPC API but health needs the header `triton-api-key: <api_key>` (Triton's
     # restricted APIs), so that nobody reaches inference or the model repository past the shim's key.
     api_key: str | None = None
@@ -211,7 +219,13 @@ class TritonServer:
             # model.py (torch, transformers) and ask it for a config, before the stub that serves imports it again.
             "--disable-auto-complete-config",
             *self.restriction(),
+            *self.model_control(),
         ]
+
+    def model_control(self) -> list[str]:
+        if self.load_at_start is None:
+            return []
+        return ["--model-control-mode=explicit", *(f"--load-model={name}" for name in self.load_at_start)]
 
     def restriction(self) -> list[str]:
         if not self.api_key:
@@ -228,8 +242,8 @@ class TritonServer:
         busy = [p for p in (self.http_port, self.grpc_port, self.metrics_port) if not port_is_free(self.host, p)]
         if busy:
             raise ServerError(f"port(s) {busy} on {self.host} are in use; pick others (--http-port ...)")
-        if self.llm_instances != 1 or self.without_models:
-            self._staged = stage_repository(self.model_repository, self.llm_instances, self.without_models)
+        if self.llm_instances != 1 or self.without_models or self.llms:
+            self._staged = stage_repository(self.model_repository, self.llm_instances, self.without_models, self.llms)
         self.process = subprocess.Popen(
             self.command(),
             env=server_env(self.env),
@@ -302,18 +316,36 @@ class TritonServer:
         return [pid for pid in _children(self.process.pid) if _stub_model(pid) == model]
 
     def dead_parts(self) -> list[str]:
-        """What of the running server has died: the server itself, or the Python stubs (by model) it had
-        started when it got ready; empty while everything lives (or nothing was started)."""
+        """What of the running server has died: the server itself, or the Python stubs (by model) of the models
+        it serves, those loaded at start and later ones; empty while everything lives (or nothing was started).
+        A model's stubs that end because it was unloaded are not missed."""
         if self.process is None:
             return []
         if self.process.poll() is not None:
             return [f"tritonserver (exit code {self.process.returncode})"]
+        for pid in _children(self.process.pid):
+            if pid not in self._stubs:
+                self._stubs[pid], self._stub_models[pid] = _stub_shm_region(pid), _stub_model(pid)
         # a dead stub is gone, or a zombie with no command line, or its pid now someone else's
-        return [
-            f"the {self._stub_models.get(pid, pid)} model's process"
-            for pid, region in self._stubs.items()
-            if region and _stub_shm_region(pid) != region
-        ]
+        gone = [pid for pid, region in self._stubs.items() if region and _stub_shm_region(pid) != region]
+        if not gone:
+            return []
+        # tritonserver 2.51 keeps a model whose stub died READY; one being unloaded is not
+        try:
+            serving = self.ready_models()
+        except TRANSPORT_ERRORS:  # asked again at the next look
+            return []
+        for pid in gone:
+            if self._stub_models[pid] not in serving:
+                del self._stubs[pid]
+        return [f"the {self._stub_models[pid]} model's process" for pid in gone if pid in self._stubs]
+
+    def ready_models(self) -> set[str]:
+        """The models the server has READY (its repository index)."""
+        headers = {API_KEY_HEADER: self.api_key} if self.api_key else {}
+        request = urllib.request.Request(f"{self.http_url}/v2/repository/index", b"{}", headers, method="POST")
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return {m["name"] for m in json.load(answer) if m.get("state") == "READY"}
 
     def stop(self, timeout: float | None = None) -> None:
         """Stops the server and every stub it started, then removes the shared memory they leave."""
@@ -350,32 +382,56 @@ class TritonServer:
         self.stop()
 
 
-def stage_repository(repository: Path, count: int, without: tuple[str, ...] = ()) -> Path:
+def stage_repository(
+    repository: Path, count: int, without: tuple[str, ...] = (), llms: list[tuple[TritonNames, Path]] = ()
+) -> Path:
     """A copy of the model repository, made of links, without the models named in `without` and whose llm runs
-    `count` instances: Triton reads instance counts only from config.pbtxt. (The models find the real repository
-    through their version folders' links, model_config.ModelParameters.)"""
+    `count` instances: Triton reads instance counts only from config.pbtxt. With `llms` (names, model folder),
+    the repository's four LLM models once per LLM under its names, each config with its folder written in
+    (model_set.py). (The models find the real repository through their version folders' links,
+    model_config.ModelParameters.)"""
     if count < 1:
         raise ServerError(f"llm_instances must be >= 1, got {count}")
     repository = repository.resolve()
     staged = Path(tempfile.mkdtemp(prefix="tritonllm-repository-"))
+    own = TritonNames().by_folder()
     for model in repository.iterdir():
-        if model.name not in without:
+        if model.name not in without and not (llms and model.name in own):
             (staged / model.name).symlink_to(model)
-    if count == 1:
-        return staged
-    llm = staged / "llm"
-    llm.unlink()
-    llm.mkdir()
-    for entry in (repository / "llm").iterdir():
+    for names, model_dir in llms:
+        for folder, name in names.by_folder().items():
+            config = renamed_config((repository / folder / "config.pbtxt").read_text(), names, model_dir)
+            _staged_model(
+                staged / name, repository / folder, _with_instances(config, count) if folder == "llm" else config
+            )
+    if count > 1 and not llms:
+        _staged_model(
+            staged / "llm",
+            repository / "llm",
+            _with_instances((repository / "llm" / "config.pbtxt").read_text(), count),
+        )
+    return staged
+
+
+def _staged_model(staged: Path, model: Path, config: str) -> None:
+    """`model`'s folder as links, but for its config."""
+    if staged.is_symlink():
+        staged.unlink()
+    staged.mkdir()
+    for entry in model.iterdir():
         if entry.name != "config.pbtxt":
-            (llm / entry.name).symlink_to(entry)
-    config = (repository / "llm" / "config.pbtxt").read_text()
+            (staged / entry.name).symlink_to(entry)
+    (staged / "config.pbtxt").write_text(config)
+
+
+def _with_instances(config: str, count: int) -> str:
+    if count == 1:
+        return config
     group = f"instance_group [ {{ count: {count}, kind: KIND_AUTO }} ]"
     config, found = re.subn(r"instance_group \[.*?\]", group, config)
     if not found:
         raise ServerError("llm/config.pbtxt has no instance_group to set")
-    (llm / "config.pbtxt").write_text(config)
-    return staged
+    return config
 
 
 def _children(pid: int) -> list[int]:

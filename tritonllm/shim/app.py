@@ -1,4 +1,4 @@
-"""The ASGI app: OpenAI, embeddings and generate_stream routes over one gRPC connection to Triton."""
+"""The ASGI app: OpenAI, embeddings and generate_stream routes over gRPC to Triton, one connection an LLM."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from . import embeddings_api, generate_api, lora_registry, metrics, openai_api, openapi, responses_api, tokenize_api
 from .errors import APIError, IgnoredFieldsHeader, api_error_handler, http_error_handler, validation_error_handler
+from .model_pool import ModelPool
 from .settings import ShimSettings
-from .triton_client import TritonLLMClient
 
 
 def create_app(settings: ShimSettings, unavailable: Callable[[], str | None] | None = None) -> FastAPI:
@@ -24,9 +24,7 @@ def create_app(settings: ShimSettings, unavailable: Callable[[], str | None] | N
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        app.state.triton = TritonLLMClient(
-            settings.triton_grpc_url, settings.api_key, direct=not settings.through_ensemble
-        )
+        app.state.triton = ModelPool(settings)
         try:
             yield
         finally:
@@ -56,7 +54,7 @@ def create_app(settings: ShimSettings, unavailable: Callable[[], str | None] | N
     async def health() -> JSONResponse:
         if await app.state.triton.ready():
             return JSONResponse({"status": "ok"})
-        reason = "tritonserver does not answer, or its ensemble is not ready"
+        reason = "tritonserver does not answer, or its ensembles are not ready"
         return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503)
 
     return app

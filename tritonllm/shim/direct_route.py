@@ -16,12 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..runtime.model_set import REPOSITORY_NAMES, TritonNames
 from ..tokenizer.backend_tokenizer import BackendTokenizer
 from ..tokenizer.postprocess import postprocess
-
-PREPROCESSING = "preprocessing"
-LLM = "llm"
-POSTPROCESSING = "postprocessing"
 
 Tensor = tuple[str, str, np.ndarray]  # name, Triton datatype, value
 
@@ -34,12 +31,14 @@ class DirectRoute:
     tokenizer: BackendTokenizer
 
     @classmethod
-    def of(cls, ensemble_config, tokenizer_snapshot: str) -> DirectRoute | None:
+    def of(cls, ensemble_config, tokenizer_snapshot: str, names: TritonNames = REPOSITORY_NAMES) -> DirectRoute | None:
         """The route for an ensemble config (Triton's ModelConfig message), or None where the shim must go
-        through the ensemble: other steps than preprocessing -> llm -> postprocessing, postprocessing not reading
-        the llm's outputs under their own names or not writing the ensemble's under theirs, or no snapshot."""
+        through the ensemble: other steps than the LLM's preprocessing -> llm -> postprocessing (`names`),
+        postprocessing not reading the llm's outputs under their own names or not writing the ensemble's under
+        theirs, or no snapshot."""
         steps = list(ensemble_config.ensemble_scheduling.step)
-        if [s.model_name for s in steps] != [PREPROCESSING, LLM, POSTPROCESSING] or not tokenizer_snapshot:
+        expected = [names.preprocessing, names.llm, names.postprocessing]
+        if [s.model_name for s in steps] != expected or not tokenizer_snapshot:
             return None
         pre, llm, post = steps
         llm_output_of = {tensor: name for name, tensor in llm.output_map.items()}

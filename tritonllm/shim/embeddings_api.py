@@ -55,7 +55,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
             )
         if body.model != settings.embedding_model_name:
             raise APIError(
-                404 if body.model != settings.served_model_name else 400,
+                400 if body.model in {model.name for model in settings.llms()} else 404,
                 f"model {body.model!r} does not embed; /v1/embeddings serves {settings.embedding_model_name!r}",
                 "model",
             )

@@ -81,10 +81,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
     router = APIRouter()
 
     def prepare(model: str, body: GenerateRequest) -> GenerationRequest:
-        adapter = settings.loras.served(model)
-        request = body.generation_request()
-        request.lora = adapter
-        return request
+        return settings.served(model).onto(body.generation_request())
 
     @router.post("/v2/models/{model}/generate_stream")
     async def generate_stream(request: Request, model: str, body: GenerateBody) -> StreamingResponse:

@@ -12,7 +12,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from ..runtime.lora_adapters import LoraAdapter
 from .errors import APIError, json_body
 from .generation import primed, until_disconnected
 from .openai_protocol import ChatRequest, CompletionRequest, SamplingFields
@@ -22,11 +21,10 @@ from .openai_serving import (
     CompletionRender,
     Render,
     chat_generation,
-    check_served_model,
     check_size,
     generated_pieces,
 )
-from .settings import ShimSettings
+from .settings import Served, ShimSettings
 from .triton_client import GenerationRequest
 
 ChatBody = Annotated[ChatRequest, Depends(json_body(ChatRequest))]
@@ -36,10 +34,10 @@ CompletionBody = Annotated[CompletionRequest, Depends(json_body(CompletionReques
 def build_router(settings: ShimSettings) -> APIRouter:
     router = APIRouter()
 
-    def check_model(name: str) -> LoraAdapter | None:
+    def check_model(name: str) -> Served:
         if name == settings.embedding_model_name:
             raise APIError(400, f"model {name!r} only embeds; use /v1/embeddings", "model")
-        return check_served_model(settings, name)
+        return settings.served(name)
 
     async def run(request: Request, body: SamplingFields, gens: list[GenerationRequest], render: Render) -> Any:
         client = request.app.state.triton
@@ -64,7 +62,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
         return JSONResponse(render.whole(choices))
 
     def cards() -> dict[str, dict]:
-        names = (settings.served_model_name, settings.embedding_model_name)
+        names = (*(model.name for model in settings.llms()), settings.embedding_model_name)
         own = [{"id": name, "object": "model", "created": settings.started, "owned_by": "tritonllm"} for name in names]
         return {card["id"]: card for card in own + settings.loras.cards(settings.started) if card["id"] is not None}
 
@@ -81,14 +79,13 @@ def build_router(settings: ShimSettings) -> APIRouter:
 
     @router.post("/v1/chat/completions")
     async def chat(request: Request, body: ChatBody) -> Any:
-        adapter = check_model(body.model)
-        gen = chat_generation(body, settings)
-        gen.lora = adapter
-        return await run(request, body, [gen], ChatRender(body, settings))
+        served = check_model(body.model)
+        gen = served.onto(chat_generation(body, served.settings))
+        return await run(request, body, [gen], ChatRender(body, served.settings))
 
     @router.post("/v1/completions")
     async def completions(request: Request, body: CompletionBody) -> Any:
-        adapter = check_model(body.model)
+        served = check_model(body.model)
         body.check()
         check_size(sum(len(p) for p in body.prompt), "prompt")
         gens = []
@@ -99,7 +96,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
                 use_raw_prompt=bool(body.use_raw_prompt) or None,
                 truncate_prompt=body.error_behavior == "truncate" or None,
             )
-            gen.lora = adapter
+            served.onto(gen)
             n = body.n or 1
             if body.use_beam_search:
                 gen.beam_width, gen.num_samples, gen.temperature = max(n, body.best_of or n, 2), n, None
@@ -113,6 +110,6 @@ def build_router(settings: ShimSettings) -> APIRouter:
             if body.max_tokens == 0:
                 gen.max_tokens = 1
             gens.append(gen)
-        return await run(request, body, gens, CompletionRender(body, settings))
+        return await run(request, body, gens, CompletionRender(body, served.settings))
 
     return router

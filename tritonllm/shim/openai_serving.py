@@ -13,7 +13,6 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..runtime.lora_adapters import LoraAdapter
 from ..tokenizer import reasoning
 from ..tokenizer.reasoning import ThinkingSplit
 from ..tokenizer.tool_calls import FORMATS, ToolCallParser
@@ -129,11 +128,6 @@ def _beams_of(piece: Piece) -> list[Piece]:
         )
         for j, text in enumerate(texts)
     ]
-
-
-def check_served_model(settings: ShimSettings, name: str) -> LoraAdapter | None:
-    """The LoRA adapter `name` names (None: the base model); a 404 naming the served models unless it is one."""
-    return settings.loras.served(name)
 
 
 def chat_generation(body: ChatRequest, settings: ShimSettings, where: str = "messages") -> GenerationRequest:

@@ -27,7 +27,7 @@ from ..tokenizer.tool_calls import FORMATS, ToolCallParser
 from .errors import APIError, json_body
 from .generation import Piece, generate, primed, until_disconnected
 from .openai_protocol import INT32_MAX, ChatRequest
-from .openai_serving import chat_generation, check_served_model
+from .openai_serving import chat_generation
 from .settings import ShimSettings
 from .triton_client import TokenLogprob
 from .vllm_fields import VLLMFields
@@ -199,12 +199,11 @@ def build_router(settings: ShimSettings) -> APIRouter:
 
     @router.post("/v1/responses")
     async def responses(request: Request, body: ResponsesBody) -> Any:
-        adapter = check_served_model(settings, body.model)
+        served = settings.served(body.model)
         body.check()
         chat = body.chat_request()
-        gen = chat_generation(chat, settings, where="input")
-        gen.lora = adapter
-        builder = ResponseBuilder(body, chat, settings)
+        gen = served.onto(chat_generation(chat, served.settings, where="input"))
+        builder = ResponseBuilder(body, chat, served.settings)
         pieces = generate(request.app.state.triton, gen, [])
         try:
             if body.stream:

@@ -1,11 +1,43 @@
-"""The shim's settings: where Triton is and how the served model and its LoRA adapters are named."""
+"""The shim's settings: where Triton is, and how the served models and their LoRA adapters are named."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
 
+from ..runtime.lora_adapters import LoraAdapter
+from ..runtime.model_set import TritonNames
+from .errors import APIError
 from .lora_registry import LoraRegistry
+
+if TYPE_CHECKING:
+    from .triton_client import GenerationRequest
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """An LLM beside the first one (runtime/model_set.py): its name, its Triton models and how it writes."""
+
+    name: str
+    triton: TritonNames
+    tool_call_parser: str = "json"
+    reasoning_parser: str = "none"
+
+
+class Served(NamedTuple):
+    """What a request's `model` names: an LLM, the LoRA adapter on it (None: the LLM itself), and the settings
+    with that LLM's name and formats."""
+
+    model: ServedModel
+    lora: LoraAdapter | None
+    settings: ShimSettings
+
+    def onto(self, request: GenerationRequest) -> GenerationRequest:
+        """`request` for this LLM and adapter."""
+        request.model, request.lora = self.model.name, self.lora
+        return request
 
 
 @dataclass(frozen=True)
@@ -38,6 +70,12 @@ class ShimSettings:
     # /v1/load_lora_adapter and /v1/unload_lora_adapter may change them at run time
     lora_modules: tuple[str, ...] = ()
     allow_runtime_lora: bool = False
+    # the LLMs served beside the first (serve --model-dir A --model-dir B, --models-folder); LoRA adapters are the
+    # first one's
+    more_models: tuple[ServedModel, ...] = ()
+    # with several LLMs, how many may be loaded at once: a model not loaded is loaded at its first request, the
+    # least recently used idle one unloaded first; None: all stay loaded
+    models_max: int | None = None
     started: int = field(default_factory=lambda: int(time.time()))
     # the adapters loaded (serve loads them before tritonserver starts); None: loaded here from lora_modules
     loras: LoraRegistry | None = field(default=None, repr=False, compare=False)
@@ -45,3 +83,25 @@ class ShimSettings:
     def __post_init__(self) -> None:
         if self.loras is None:
             object.__setattr__(self, "loras", LoraRegistry(self.served_model_name, self.lora_modules))
+
+    def llms(self) -> list[ServedModel]:
+        first = ServedModel(self.served_model_name, TritonNames(), self.tool_call_parser, self.reasoning_parser)
+        return [first, *self.more_models]
+
+    def served(self, name: str) -> Served:
+        """The LLM or LoRA adapter `name` names; a 404 naming what is served unless it is one."""
+        for model in self.more_models:
+            if model.name == name:
+                view = dataclasses.replace(
+                    self,
+                    served_model_name=model.name,
+                    tool_call_parser=model.tool_call_parser,
+                    reasoning_parser=model.reasoning_parser,
+                )
+                return Served(model, None, view)
+        try:
+            lora = self.loras.served(name)
+        except APIError:
+            names = [*self.loras.names(), *(m.name for m in self.more_models)]
+            raise APIError(404, f"model {name!r} does not exist; this server has {names}", "model") from None
+        return Served(self.llms()[0], lora, self)

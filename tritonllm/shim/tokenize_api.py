@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import APIError, json_body
 from .openai_protocol import INT32_MAX, ChatMessage, ToolObject
-from .openai_serving import check_served_model, check_size
+from .openai_serving import check_size
 from .settings import ShimSettings
 from .triton_client import TokenizeRequest, TritonRequestError, TritonUnavailable
 
@@ -40,9 +40,9 @@ class DetokenizeBody(BaseModel):
 def build_router(settings: ShimSettings) -> APIRouter:
     router = APIRouter()
 
-    def check_model(name: str | None) -> None:
-        if name is not None:  # optional here, as in vLLM
-            check_served_model(settings, name)
+    def llm_of(name: str | None) -> str | None:
+        """The LLM whose tokenizer a request means: its `model` (optional here, as in vLLM), else the first."""
+        return None if name is None else settings.served(name).model.name
 
     async def run(call) -> Any:
         try:
@@ -56,7 +56,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
 
     @router.post("/tokenize")
     async def tokenize(request: Request, body: Annotated[TokenizeBody, Depends(json_body(TokenizeBody))]) -> dict:
-        check_model(body.model)
+        model = llm_of(body.model)
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give either prompt or messages", "prompt")
         if body.messages is not None:
@@ -75,6 +75,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
                 text=body.prompt, add_special_tokens=body.add_special_tokens is not False
             )
         tokenize_request.token_strs = body.return_token_strs
+        tokenize_request.model = model
         tokenized = await run(request.app.state.triton.tokenize(tokenize_request))
         return {
             "count": len(tokenized.ids),
@@ -84,13 +85,12 @@ def build_router(settings: ShimSettings) -> APIRouter:
         }
 
     @router.get("/tokenizer_info")
-    async def tokenizer_info(request: Request) -> dict:
-        return await run(request.app.state.triton.tokenizer_info())
+    async def tokenizer_info(request: Request, model: str | None = None) -> dict:
+        return await run(request.app.state.triton.tokenizer_info(llm_of(model)))
 
     @router.post("/detokenize")
     async def detokenize(request: Request, body: Annotated[DetokenizeBody, Depends(json_body(DetokenizeBody))]) -> dict:
-        check_model(body.model)
-        return {"prompt": await run(request.app.state.triton.detokenize(body.tokens))}
+        return {"prompt": await run(request.app.state.triton.detokenize(body.tokens, llm_of(body.model)))}
 
     return router
 

@@ -28,12 +28,11 @@ from tritonclient.utils import InferenceServerException
 from .. import errors, request_parameters
 from ..runtime import multiplex, response_status
 from ..runtime.lora_adapters import LoraAdapter
+from ..runtime.model_set import REPOSITORY_NAMES, TritonNames
 from ..runtime.tritonserver import GRPC_API_KEY_HEADER
-from .direct_route import LLM, PREPROCESSING, DirectRoute, Tensor
+from .direct_route import DirectRoute, Tensor
 from .mux_channel import ChannelClosed, MuxChannel
 
-ENSEMBLE = "ensemble"
-POSTPROCESSING = "postprocessing"
 EMBEDDING = "embedding"
 NUMPY_TYPES = {"BOOL": bool, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32}
 FINISH_GRACE_S = 30.0  # how long an abandoned call may take to end after its stop before it is cancelled
@@ -103,6 +102,7 @@ class GenerationRequest:
     prediction: str | None = None  # Predicted Outputs: text the answer is expected to repeat
     lora: LoraAdapter | None = None  # served by its task id; with lora_weights_attached, its weights too
     lora_weights_attached: bool = False
+    model: str | None = None  # the served LLM (ShimSettings.llms); None: the first
     stream: bool = True
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
@@ -177,6 +177,7 @@ class TokenizeRequest:
     add_special_tokens: bool = True  # for text; a chat template adds its own
     add_generation_prompt: bool = True
     token_strs: bool = False
+    model: str | None = None  # the served LLM whose tokenizer it is; None: the first
 
     def inputs(self) -> list[grpcclient.InferInput]:
         if self.messages is not None:
@@ -374,10 +375,13 @@ def _channel_args() -> list[tuple[str, int]]:
 
 
 class TritonLLMClient:
-    def __init__(self, url: str, api_key: str | None = None, direct: bool = True) -> None:
+    def __init__(
+        self, url: str, api_key: str | None = None, direct: bool = True, names: TritonNames = REPOSITORY_NAMES
+    ) -> None:
         """`api_key`: sent as the header a key-guarded tritonserver asks for (runtime/tritonserver.py).
         `direct`: generations run the ensemble's steps from here where they can (direct_route.py); False, through
-        the ensemble."""
+        the ensemble. `names`: the Triton models of the LLM it serves."""
+        self.names = names
         self._client = grpcclient.InferenceServerClient(url, channel_args=_channel_args())
         self._headers = {GRPC_API_KEY_HEADER: api_key} if api_key else None
         self._background: set[asyncio.Task] = set()
@@ -389,19 +393,41 @@ class TritonLLMClient:
         self._mux_lock = asyncio.Lock()
 
     async def close(self) -> None:
-        if self._mux is not None and not self._mux.closed:
-            with contextlib.suppress(TritonRequestError, TritonUnavailable):
-                await self.stop(self._mux.id)
-                await asyncio.wait_for(self._mux.closing(), FINISH_GRACE_S)
+        await self._close_mux()
         if self._background:
             await asyncio.wait(self._background, timeout=FINISH_GRACE_S)
         await self._client.close()
 
     async def ready(self) -> bool:
         try:
-            return await self._client.is_model_ready(ENSEMBLE, headers=self._headers)
+            return await self._client.is_model_ready(self.names.ensemble, headers=self._headers)
         except InferenceServerException:
             return False
+
+    async def load(self) -> None:
+        """Loads the LLM's ensemble and with it its steps (Triton's explicit model control); returns once loaded."""
+        try:
+            await self._client.load_model(self.names.ensemble, headers=self._headers)
+        except InferenceServerException as e:
+            raise TritonRequestError(e.message()) from e
+
+    async def unload(self) -> None:
+        """Begins to unload the LLM's ensemble and its steps; Triton lets their requests in flight finish (the
+        multiplexed channel, open while the llm lives, is ended first)."""
+        async with self._mux_lock:
+            await self._close_mux()
+        try:
+            await self._client.unload_model(self.names.ensemble, headers=self._headers, unload_dependents=True)
+        except InferenceServerException as e:
+            raise TritonRequestError(e.message()) from e
+
+    async def model_states(self) -> dict[str, str]:
+        """Each model's state in the server's repository (READY, LOADING, UNLOADING, UNAVAILABLE), if it has one."""
+        try:
+            index = await self._client.get_model_repository_index(headers=self._headers)
+        except InferenceServerException as e:
+            raise TritonUnavailable(e.message()) from e
+        return {model.name: model.state for model in index.models if model.state}
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         """Yields chunks until the one with a finish reason; ends the generation if the caller stops early. A
@@ -423,17 +449,19 @@ class TritonLLMClient:
     async def _generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         route = await self.direct_route()
         if route is None:
-            call = self._open(ENSEMBLE, request.inputs(), request.request_id)
+            call = self._open(self.names.ensemble, request.inputs(), request.request_id)
             to_chunk = _ensemble_chunk
         else:
             tensors = request.tensors()
             wanted = list(route.preprocessing_outputs)
-            preprocessed = await self._infer(PREPROCESSING, _infer_inputs(route.preprocessing_request(tensors)), wanted)
+            preprocessed = await self._infer(
+                self.names.preprocessing, _infer_inputs(route.preprocessing_request(tensors)), wanted
+            )
             llm_inputs = route.llm_request(tensors, [_output(preprocessed, name) for name in wanted])
             mux = await self._mux_channel()
             if mux is not None:
                 llm_inputs.append((multiplex.CHANNEL, "BYTES", _bytes(mux.id)))
-            call = self._open(LLM, _infer_inputs(llm_inputs), request.request_id, late_rows=mux is not None)
+            call = self._open(self.names.llm, _infer_inputs(llm_inputs), request.request_id, late_rows=mux is not None)
             if mux is not None:
                 mux.listen(request.request_id, call.deliver)
 
@@ -466,15 +494,21 @@ class TritonLLMClient:
         async with self._route_lock:
             if not self._route_known:
                 try:
-                    config = await self._client.get_model_config(ENSEMBLE, headers=self._headers)
+                    config = await self._client.get_model_config(self.names.ensemble, headers=self._headers)
                 except InferenceServerException as e:
                     raise TritonUnavailable(e.message()) from e
                 snapshot = await self._infer(
-                    PREPROCESSING, [_infer_input("text_input", "BYTES", _bytes(""))], ["tokenizer_snapshot"]
+                    self.names.preprocessing, [_infer_input("text_input", "BYTES", _bytes(""))], ["tokenizer_snapshot"]
                 )
-                self._route = DirectRoute.of(config.config, _string(snapshot, "tokenizer_snapshot"))
+                self._route = DirectRoute.of(config.config, _string(snapshot, "tokenizer_snapshot"), self.names)
                 self._route_known = True
         return self._route
+
+    async def _close_mux(self) -> None:
+        if self._mux is not None and not self._mux.closed:
+            with contextlib.suppress(TritonRequestError, TritonUnavailable):
+                await self.stop(self._mux.id)
+                await asyncio.wait_for(self._mux.closing(), FINISH_GRACE_S)
 
     async def _mux_channel(self) -> MuxChannel | None:
         """The llm's multiplexed channel for this shim's generations, opened at the first and again after it
@@ -482,7 +516,9 @@ class TritonLLMClient:
         async with self._mux_lock:
             if (self._mux is None or self._mux.closed) and not self._mux_refused:
                 channel_id = f"mux-{uuid.uuid4().hex}"
-                opening = self._open(LLM, [_infer_input(multiplex.OPEN, "BOOL", np.array([[True]]))], channel_id)
+                opening = self._open(
+                    self.names.llm, [_infer_input(multiplex.OPEN, "BOOL", np.array([[True]]))], channel_id
+                )
                 channel = MuxChannel(channel_id, opening, _all_outputs)
                 opened = await channel.open()
                 self._mux_refused = channel.refusal is not None
@@ -501,7 +537,7 @@ class TritonLLMClient:
     async def tokenize(self, request: TokenizeRequest) -> Tokenized:
         """The prompt's ids as `preprocessing` makes them for a generation, with their token strings."""
         outputs = ["input_ids", "context_len", *(["token_strs"] if request.token_strs else [])]
-        result = await self._infer(PREPROCESSING, request.inputs(), outputs)
+        result = await self._infer(self.names.preprocessing, request.inputs(), outputs)
         strs = result.as_numpy("token_strs") if request.token_strs else None
         return Tokenized(
             ids=result.as_numpy("input_ids").reshape(-1).tolist(),
@@ -511,13 +547,15 @@ class TritonLLMClient:
 
     async def detokenize(self, ids: list[int]) -> str:
         """The text of `ids` as `postprocessing` makes a generation's last response (special tokens kept)."""
-        result = await self._infer(POSTPROCESSING, _whole_response(ids), ["text_output"])
+        result = await self._infer(self.names.postprocessing, _whole_response(ids), ["text_output"])
         return result.as_numpy("text_output").reshape(-1)[0].decode("utf-8")
 
     async def tokenizer_info(self) -> dict:
         """The tokenizer's special tokens, chat template and context, from `preprocessing`."""
         # Triton takes no request without an input; preprocessing reads none when asked for this alone
-        result = await self._infer(PREPROCESSING, [_infer_input("text_input", "BYTES", _bytes(""))], ["tokenizer_info"])
+        result = await self._infer(
+            self.names.preprocessing, [_infer_input("text_input", "BYTES", _bytes(""))], ["tokenizer_info"]
+        )
         return json.loads(_string(result, "tokenizer_info"))
 
     async def _infer(self, model: str, inputs: list, outputs: list[str] | None = None):
@@ -534,7 +572,7 @@ class TritonLLMClient:
     async def stop(self, request_id: str) -> None:
         """Ends the llm sequences that carry `request_id`."""
         stop = _infer_input("stop", "BOOL", np.array([[True]], dtype=bool))
-        async for _, error in self._open(LLM, [stop], request_id):
+        async for _, error in self._open(self.names.llm, [stop], request_id):
             if error is not None:
                 raise TritonRequestError(error.message())
             return
