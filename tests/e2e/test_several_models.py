@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
 import pytest
+import tritonclient.grpc as grpcclient
 from conftest import MODELS
 from oracles import greedy_text
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from triton_helpers import wait_for
+from triton_helpers import tensor, wait_for
 
 from .conftest import running_serve
 
@@ -108,3 +111,53 @@ def test_several_llms_answer_by_name_and_load_on_demand(models_folder, tmp_path)
         assert httpx.get(f"{url}/health").json() == {"status": "ok"}
         with pytest.raises(openai.NotFoundError, match="'nope' does not exist.*'tiny2'"):
             chat(client, "nope")
+
+
+def test_a_model_in_use_is_not_unloaded_and_the_router_routes(models_folder, tmp_path):
+    answers = {name: expected(MODELS / name) for name in ("small", "tiny")}
+    flags = ("--models-folder", str(models_folder), "--models-max", "2", "--no-embedding")
+    with running_serve(MODELS / "tiny", tmp_path, *flags) as ports, ThreadPoolExecutor(2) as pool:
+        url = f"http://127.0.0.1:{ports['--shim-port']}"
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        # tiny's request waits in its paused engine: tiny is in use, and used less recently than small
+        pause_llm(ports, "llm", True)
+        try:
+            waiting = pool.submit(chat, client, "tiny")
+            assert wait_for(lambda: waiting_in(ports, "llm_0_0") == 1, timeout=30)
+            assert chat(client, "small") == answers["small"]
+            loading = pool.submit(chat, client, "tiny2")
+            # small, not tiny, makes room
+            assert wait_for(lambda: not ready(ports, "small"), timeout=60)
+            assert ready(ports, "ensemble") and not waiting.done()
+        finally:
+            pause_llm(ports, "llm", False)
+        assert waiting.result(timeout=60) == answers["tiny"]
+        assert loading.result(timeout=60) == answers["tiny"]
+
+        # llama.cpp's router routes
+        def states() -> dict:
+            return {m["id"]: m["status"]["value"] for m in httpx.get(f"{url}/models").json()["data"]}
+
+        assert states() == {"tiny": "loaded", "small": "unloaded", "tiny2": "loaded"}
+        assert httpx.post(f"{url}/models/unload", json={"model": "tiny2"}, timeout=60).json() == {"success": True}
+        assert states() == {"tiny": "loaded", "small": "unloaded", "tiny2": "unloaded"}
+        assert httpx.post(f"{url}/models/load", json={"model": "small"}, timeout=60).json() == {"success": True}
+        assert states() == {"tiny": "loaded", "small": "loaded", "tiny2": "unloaded"}
+        refused = httpx.post(f"{url}/models/load", json={"model": "nope"}, timeout=60)
+        assert refused.status_code == 404 and refused.json()["error"]["param"] == "model"
+
+
+def pause_llm(ports: dict, llm: str, paused: bool) -> None:
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{ports['--grpc-port']}")
+    try:
+        client.start_stream(callback=lambda result, error: None)
+        client.async_stream_infer(llm, [tensor("pause", [[paused]], "BOOL")])
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def waiting_in(ports: dict, instance: str) -> float:
+    text = httpx.get(f"http://127.0.0.1:{ports['--metrics-port']}/metrics").text
+    found = re.search(rf'^tritonllm_requests_waiting{{instance="{instance}"}} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else -1.0

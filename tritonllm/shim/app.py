@@ -12,7 +12,17 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from . import embeddings_api, generate_api, lora_registry, metrics, openai_api, openapi, responses_api, tokenize_api
+from . import (
+    embeddings_api,
+    generate_api,
+    lora_registry,
+    metrics,
+    model_admin,
+    openai_api,
+    openapi,
+    responses_api,
+    tokenize_api,
+)
 from .errors import APIError, IgnoredFieldsHeader, api_error_handler, http_error_handler, validation_error_handler
 from .model_pool import ModelPool
 from .settings import ShimSettings
@@ -46,6 +56,8 @@ def create_app(settings: ShimSettings, unavailable: Callable[[], str | None] | N
     app.include_router(generate_api.build_router(settings))
     app.include_router(responses_api.build_router(settings))
     app.include_router(tokenize_api.build_router(settings))
+    if settings.models_max is not None:
+        app.include_router(model_admin.build_router(settings))
     if settings.allow_runtime_lora:
         app.include_router(lora_registry.build_router(settings.loras))
     openapi.document_bodies(app)

@@ -74,6 +74,22 @@ class ModelPool:
     async def embed(self, texts: list[str], instruction: str | None) -> tuple[np.ndarray, np.ndarray]:
         return await self.first.embed(texts, instruction)
 
+    async def states(self) -> dict[str, str]:
+        """Each LLM's state as llama.cpp's router names them: loaded, loading, unloading or unloaded."""
+        states = await self.first.model_states()
+        named = {READY: "loaded", "LOADING": "loading", "UNLOADING": "unloading"}
+        return {name: named.get(states.get(c.names.ensemble, ""), "unloaded") for name, c in self.clients.items()}
+
+    async def load(self, name: str) -> None:
+        async with self.using(name):
+            pass
+
+    async def unload(self, name: str) -> None:
+        """Unloads `name` once no request uses it."""
+        async with self._changing:
+            await self._idle_one([name])
+            await self._unload(name)
+
     @contextlib.asynccontextmanager
     async def using(self, model: str | None) -> AsyncIterator[TritonLLMClient]:
         """The client of `model` (None: the first LLM), loaded, and not unloaded until the block ends."""
