@@ -58,7 +58,7 @@ def _interrupt(*_) -> None:
 
 def serve(args: argparse.Namespace) -> int:
 
-    from .runtime import gguf, model_set
+    from .runtime import gguf
     from .runtime.supervisor import Supervisor
     from .runtime.tritonserver import ServerError, TritonServer, port_is_free
 
@@ -66,9 +66,7 @@ def serve(args: argparse.Namespace) -> int:
         _progress("--no-embedding and --embedding-model-dir: pick one")
         return 2
     try:
-        llms = model_set.llm_set(given_models(args), args.served_model_name)
-        if args.models_max is not None and not 1 <= args.models_max < len(llms):
-            raise ValueError(f"--models-max {args.models_max}: give 1 to {len(llms) - 1} beside {len(llms)} models")
+        llms = llms_of(args)
         overrides = engine_overrides(args)
         loras = lora_registry(llms[0].name, args.lora_modules)
     except ValueError as e:
@@ -174,6 +172,16 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def llms_of(args: argparse.Namespace) -> list:
+    """The LLMs `serve` and `shim` are given, named as model_set names them; ValueError for what cannot be served."""
+    from .runtime import model_set
+
+    llms = model_set.llm_set(given_models(args), args.served_model_name)
+    if args.models_max is not None and not 1 <= args.models_max < len(llms):
+        raise ValueError(f"--models-max {args.models_max}: give 1 to {len(llms) - 1} beside {len(llms)} models")
+    return llms
+
+
 def given_models(args: argparse.Namespace) -> list[Path]:
     """The LLMs `serve` is asked for: each --model-dir, then what --models-folder holds; else $TRITONLLM_MODEL_DIR
     or the default. A demo model not built yet is built; ValueError for a path that holds no model."""
@@ -206,6 +214,24 @@ def model_formats(args: argparse.Namespace, model_dir: Path) -> tuple[str, str]:
     return resolve_format_of(args.tool_call_parser, model_dir).name, thinking.name if thinking else reasoning.NONE
 
 
+def shim_models(args: argparse.Namespace) -> list:
+    """The shim's LLMs: with --model-dir / --models-folder, those `serve` was given (each one's formats from its
+    folder; a .gguf file's from the flags, as its tokenizer lives in the serving side's cache); else the one
+    named --served-model-name."""
+    from .runtime import gguf
+    from .runtime.model_set import REPOSITORY_NAMES
+    from .shim.settings import ServedModel
+
+    flags = (args.tool_call_parser, args.reasoning_parser)
+    if not args.model_dir and not args.models_folder:
+        return [ServedModel(args.served_model_name or DEFAULT_MODEL, REPOSITORY_NAMES, *flags)]
+    detect = argparse.Namespace(tool_call_parser="auto", reasoning_parser="auto")
+    return [
+        ServedModel(llm.name, llm.triton, *(flags if gguf.is_gguf(llm.path) else model_formats(detect, llm.path)))
+        for llm in llms_of(args)
+    ]
+
+
 def triton_host_of(args: argparse.Namespace) -> str:
     """Where Triton's ports listen: --triton-host; else, beside the shim, loopback (the shim is the door and
     Triton's ports would be one past its key), and with --no-shim, --host (Triton is then what is served)."""
@@ -218,13 +244,16 @@ def shim(args: argparse.Namespace) -> int:
     """Only the HTTP shim, in front of a tritonserver that runs elsewhere (e.g. the official container)."""
 
     try:  # the settings load the LoRA adapters: a bad one stops the shim before it serves
+        served = shim_models(args)
         settings = shim_settings(
             args,
             triton_grpc_url=args.triton_grpc_url,
-            served_model_name=args.served_model_name,
+            served_model_name=served[0].name,
             embedding_model_name=args.embedding_model_name,
-            tool_call_parser=args.tool_call_parser,
-            reasoning_parser=args.reasoning_parser,
+            tool_call_parser=served[0].tool_call_parser,
+            reasoning_parser=served[0].reasoning_parser,
+            more_models=tuple(served[1:]),
+            models_max=args.models_max,
         )
     except ValueError as e:
         _progress(str(e))
@@ -319,6 +348,21 @@ def perf_analyzer(args: list[str]) -> int:
     from .runtime import perf_analyzer as pa
 
     return pa.run(args)
+
+
+def _add_model_set_options(p: argparse.ArgumentParser, model_dir_help: str) -> None:
+    p.add_argument("--model-dir", action="append", help=model_dir_help)
+    p.add_argument(
+        "--models-folder",
+        help="serve every LLM in this folder too: each subfolder with a config.json, each .gguf file",
+    )
+    p.add_argument(
+        "--models-max",
+        type=int,
+        metavar="N",
+        help="with several LLMs, at most N loaded at once: the first N load at start, any other at its first "
+        "request, the least recently used idle one unloaded to make room (default: all loaded)",
+    )
 
 
 def _add_access_options(p: argparse.ArgumentParser) -> None:
@@ -425,22 +469,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="run tritonserver on the model repository plus the HTTP shim")
-    p.add_argument(
-        "--model-dir",
-        action="append",
-        help=f"HF causal-LM directory or .gguf file (default: ${MODEL_DIR_ENV} or models/{DEFAULT_MODEL}); given "
-        "again, several LLMs, each served by its name (the folder's or file's)",
-    )
-    p.add_argument(
-        "--models-folder",
-        help="serve every LLM in this folder too: each subfolder with a config.json, each .gguf file",
-    )
-    p.add_argument(
-        "--models-max",
-        type=int,
-        metavar="N",
-        help="with several LLMs, at most N loaded at once: the first N load at start, any other at its first "
-        "request, the least recently used idle one unloaded to make room (default: all loaded)",
+    _add_model_set_options(
+        p,
+        f"HF causal-LM directory or .gguf file (default: ${MODEL_DIR_ENV} or models/{DEFAULT_MODEL}); given again, "
+        "several LLMs, each served by its name (the folder's or file's)",
     )
     p.add_argument("--model-repository", default=str(DEFAULT_REPOSITORY))
     p.add_argument(
@@ -500,7 +532,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("shim", help="run only the HTTP shim against a running tritonserver")
     p.add_argument("--triton-grpc-url", default="127.0.0.1:8001")
-    p.add_argument("--served-model-name", default=DEFAULT_MODEL)
+    p.add_argument(
+        "--served-model-name",
+        help=f"name clients use for the (first) model (default: its folder's name, or {DEFAULT_MODEL})",
+    )
+    _add_model_set_options(
+        p, "the LLMs the tritonserver serves, as `serve` was given them (names and formats come from them)"
+    )
     p.add_argument("--embedding-model-name", default="all-MiniLM-L6-v2", help="the name /v1/embeddings answers to")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9000)

@@ -11,6 +11,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tritonllm import cli
+
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "tritonllm"
 KUBERNETES = "1.30.0"
 EVERYTHING_ON = {
@@ -95,3 +97,19 @@ def test_the_service_exposes_tritons_ports_only_when_asked_and_only_behind_the_k
     for container in (triton, shim):  # the same key: Triton asks for it, the shim sends it
         key = {e["name"]: e for e in container["env"]}["TRITONLLM_API_KEY"]
         assert key["valueFrom"]["secretKeyRef"] == {"name": "tritonllm-api-key", "key": "api-key"}
+
+
+def test_more_models_reach_serve_and_the_shim_alike(tmp_path):
+    values = {"model": {"persistentVolumeClaim": "models", "more": ["tiny", "q.gguf"], "modelsMax": 2}}
+    manifests = render(values)
+    kubernetes_validate.validate(manifests["Deployment"], KUBERNETES, strict=True)
+    triton, shim = manifests["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert shim["volumeMounts"] == [{"name": "models", "mountPath": "/models", "readOnly": True}]
+    parser = cli.build_parser()
+    serve_args, shim_args = parser.parse_args(triton["command"][1:]), parser.parse_args(shim["command"][1:])
+    models = ["/models/SmolLM2-135M-Instruct", "/models/tiny", "/models/q.gguf"]
+    assert serve_args.model_dir == shim_args.model_dir == models
+    assert serve_args.models_max == shim_args.models_max == 2
+    assert "--model-dir" not in " ".join(
+        render(None)["Deployment"]["spec"]["template"]["spec"]["containers"][1]["command"]
+    )

@@ -17,3 +17,13 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
+
+{{/* The LLMs served beside model.path, and how many may be loaded at once: the same flags for serve and shim. */}}
+{{- define "tritonllm.moreModels" -}}
+{{- range .Values.model.more }}
+- --model-dir=/models/{{ . }}
+{{- end }}
+{{- with .Values.model.modelsMax }}
+- --models-max={{ . }}
+{{- end }}
+{{- end -}}
