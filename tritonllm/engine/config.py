@@ -30,6 +30,11 @@ class EngineConfig:
     dtype: str = setting(
         "auto", "weights, activations and KV cache: auto (float32 on CPU, bfloat16 on GPUs), float32, float16, bfloat16"
     )
+    kv_cache_dtype: str = setting(
+        "auto",
+        "the KV cache's values: auto (dtype's), float32 or bfloat16 (half the memory a token, so twice the context; "
+        "keys and values rounded to bfloat16, the arithmetic float32's: greedy output may differ from transformers')",
+    )
     device: str = setting("auto", "auto (CUDA when present, else CPU), cpu, cuda or cuda:N")
     num_kv_blocks: int = setting(
         0,
@@ -80,6 +85,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         checks = {
             "dtype": self.dtype == "auto" or self.dtype in DTYPE_BYTES,
+            "kv_cache_dtype": self.kv_cache_dtype in ("auto", "float32", "bfloat16"),
             "device": re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None,
             "num_kv_blocks": self.num_kv_blocks >= 0,
             "block_size": self.block_size >= 1,

@@ -43,8 +43,9 @@ class LLMEngine:
         self.config = config
         shape = ModelShape.of(AutoConfig.from_pretrained(config.model_dir))
         dtype = resolve_dtype_name(config.dtype, resolve_device(config.device))
+        kv_dtype = dtype if config.kv_cache_dtype == "auto" else config.kv_cache_dtype
         per_block = KVCache.block_bytes(
-            shape.num_layers, config.block_size, shape.num_kv_heads, shape.head_dim, DTYPE_BYTES[dtype]
+            shape.num_layers, config.block_size, shape.num_kv_heads, shape.head_dim, DTYPE_BYTES[kv_dtype]
         )
         num_blocks = config.kv_blocks(per_block, shape.max_position_embeddings)
         self.kv_cache_bytes = num_blocks * per_block
@@ -58,6 +59,7 @@ class LLMEngine:
             Path(config.gguf_file) if config.gguf_file and config.quantized_weights else None,
             config.tensor_parallel_size,
             int8_activations=config.int8_activations,
+            kv_cache_dtype=kv_dtype,
         )
         self.step_cost = StepCost(slowdown=config.prefill_slowdown)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens, self.step_cost)

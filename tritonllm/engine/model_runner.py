@@ -97,14 +97,16 @@ class ModelRunner:
         tensor_parallel_size: int = 1,
         place: tensor_parallel.Place | None = None,
         int8_activations: bool = False,
+        kv_cache_dtype: str | None = None,
     ):
         """`place`: this process's rank, for ranks 1.. of a tensor-parallel engine (tensor_parallel.py); rank 0,
         the engine's own process, gives `tensor_parallel_size` and starts the others. `int8_activations`: the
-        GGUF blocks multiply 8-bit inputs (quantized_linear.py)."""
+        GGUF blocks multiply 8-bit inputs (quantized_linear.py). `kv_cache_dtype`: the KV cache's (None: dtype's)."""
         from transformers import AutoConfig, AutoModelForCausalLM
 
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
+        self.kv_dtype = resolve_dtype(kv_cache_dtype or dtype)
         model_check.check_config(AutoConfig.from_pretrained(model_dir))
         try:
             self.model = AutoModelForCausalLM.from_pretrained(
@@ -171,7 +173,7 @@ class ModelRunner:
             self.blocks.block_size,
             self.shape.num_kv_heads,
             self.shape.head_dim,
-            self.dtype,
+            self.kv_dtype,
             self.device,
         )
 
@@ -189,6 +191,7 @@ class ModelRunner:
         worker_args = [
             f"--model-dir={model_dir}",
             f"--dtype={dtype}",
+            f"--kv-cache-dtype={str(self.kv_dtype).removeprefix('torch.')}",
             f"--device={self.device.type}",
             f"--num-blocks={self.blocks.num_blocks}",
             f"--block-size={self.blocks.block_size}",
@@ -372,6 +375,6 @@ class ModelRunner:
             query_positions=query_positions.to(dev),
             causal=causal.to(dev),
             valid=valid.flatten().to(dev),
-            key_buffer=torch.empty(buffer_shape, dtype=self.dtype, device=dev),
-            value_buffer=torch.empty(buffer_shape, dtype=self.dtype, device=dev),
+            key_buffer=torch.empty(buffer_shape, dtype=self.kv_dtype, device=dev),
+            value_buffer=torch.empty(buffer_shape, dtype=self.kv_dtype, device=dev),
         )

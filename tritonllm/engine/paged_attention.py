@@ -5,10 +5,12 @@ per sequence. Each layer writes its new K/V into the cache slots of those tokens
 sequences, over K/V gathered from the cache block by block. Decoding sequences form one padded group; each
 prefill chunk is a group of its own, so a long prompt never pads the decodes.
 
-The decode group, on CPU in float32, runs the native kernel (cpu_kernels.py), which reads keys and values in
-place through the block tables. Otherwise the cache, laid out [num_blocks, block_size, kv_heads, head_dim], is
-gathered whole block by block (four times faster than slot by slot here) into scratch buffers that every layer
-of a step reuses rather than allocating (and page-faulting) megabytes per layer, and goes to SDPA.
+The cache may hold another dtype than the model computes in (kv_cache_dtype): new keys and values are rounded
+into it, and read back widened. The decode group, on CPU in float32, runs the native kernel (cpu_kernels.py),
+which reads keys and values in place through the block tables. Otherwise the cache, laid out [num_blocks,
+block_size, kv_heads, head_dim], is gathered whole block by block (four times faster than slot by slot here)
+into scratch buffers that every layer of a step reuses rather than allocating (and page-faulting) megabytes per
+layer, and goes to SDPA.
 
 Each layer's own attention arguments apply on both paths: its scaling, its sliding window (Mistral, Qwen2, the
 local layers of Gemma 2 and 3) and its score cap (Gemma 2). Rotary embeddings, per layer or not, are the model's.
@@ -151,8 +153,9 @@ def paged_attention(
     v_cache = paged_batch.cache.value[layer]
     # query [1, Hq, T, D], key/value [1, Hkv, T, D] -> token-major [T, H, D]
     q = query[0].transpose(0, 1)
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, paged_batch.slot_mapping, key[0].transpose(0, 1))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, paged_batch.slot_mapping, value[0].transpose(0, 1))
+    new_keys, new_values = key[0].transpose(0, 1).to(k_cache.dtype), value[0].transpose(0, 1).to(v_cache.dtype)
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, paged_batch.slot_mapping, new_keys)
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, paged_batch.slot_mapping, new_values)
 
     out = torch.empty_like(q)
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -176,8 +179,9 @@ def paged_attention(
         qg = q[p.query_index].transpose(1, 2)  # [B, Hq, max_q, D]
         torch.index_select(k_cache, 0, g.block_index, out=p.key_buffer)
         torch.index_select(v_cache, 0, g.block_index, out=p.value_buffer)
-        kg = p.key_buffer.view(batch, context, *k_cache.shape[2:]).transpose(1, 2)  # [B, Hkv, ctx, D]
-        vg = p.value_buffer.view(batch, context, *v_cache.shape[2:]).transpose(1, 2)
+        # [B, Hkv, ctx, D], in the query's dtype (a bfloat16 cache's values widened)
+        kg = p.key_buffer.view(batch, context, *k_cache.shape[2:]).transpose(1, 2).to(q.dtype)
+        vg = p.value_buffer.view(batch, context, *v_cache.shape[2:]).transpose(1, 2).to(q.dtype)
         og = _attend(qg, kg, vg, p.mask(sliding_window), scale, softcap)
         rows = og.transpose(1, 2).reshape(-1, num_heads, head_dim)
         out[g.out_index] = rows[p.valid]

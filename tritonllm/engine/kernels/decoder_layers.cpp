@@ -146,17 +146,23 @@ struct DecoderLayers {
       rms_norm(x, input_norm[l], static_cast<float>(eps), normed);
       torch::Tensor projected = project(qkv[l], normed, gemm);  // [B, q | k | v]
       float* p = projected.data_ptr<float>();
-      float* keys = k_cache[l].data_ptr<float>();
-      float* values = v_cache[l].data_ptr<float>();
+      const bool bf16 = k_cache[l].scalar_type() == torch::kBFloat16;
       // Every row's key and value go into the cache before any row attends: a prompt chunk's later rows see its
-      // earlier ones there.
+      // earlier ones there. A bfloat16 cache takes them rounded to nearest even, as torch's .to() rounds.
       at::parallel_for(0, batch, kRowsPerTask, [&](int64_t first, int64_t last) {
         for (int64_t b = first; b < last; ++b) {
           float* row = p + b * (q_size + 2 * kv_size);
           rotate(row, cos.data_ptr<float>() + b * dim, sin.data_ptr<float>() + b * dim, heads, dim);
           rotate(row + q_size, cos.data_ptr<float>() + b * dim, sin.data_ptr<float>() + b * dim, kv_heads, dim);
-          std::copy(row + q_size, row + q_size + kv_size, keys + slot[b] * kv_size);
-          std::copy(row + q_size + kv_size, row + q_size + 2 * kv_size, values + slot[b] * kv_size);
+          if (bf16) {
+            std::copy(row + q_size, row + q_size + kv_size, k_cache[l].data_ptr<at::BFloat16>() + slot[b] * kv_size);
+            std::copy(row + q_size + kv_size, row + q_size + 2 * kv_size,
+                      v_cache[l].data_ptr<at::BFloat16>() + slot[b] * kv_size);
+          } else {
+            std::copy(row + q_size, row + q_size + kv_size, k_cache[l].data_ptr<float>() + slot[b] * kv_size);
+            std::copy(row + q_size + kv_size, row + q_size + 2 * kv_size,
+                      v_cache[l].data_ptr<float>() + slot[b] * kv_size);
+          }
         }
       });
       torch::Tensor q = projected.narrow(1, 0, q_size).contiguous().view({batch, heads, dim});

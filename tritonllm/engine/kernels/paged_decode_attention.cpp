@@ -1,6 +1,9 @@
 // Decode attention straight from the paged KV cache: one query token per sequence, keys and values read in
 // place through the block table, so no gathered copy of the context is ever made.
 //
+// The cache holds float32, or bfloat16 (kv_cache_dtype): a bfloat16 value is read as the float32 with its bits
+// in the upper half, so the arithmetic is float32's either way.
+//
 // Built for the machine it runs on (-march=native): ATen's Vectorized<float> then uses the widest vector unit
 // the compiler targets (AVX-512, AVX2, or plain C++), and its exp is SLEEF's, accurate to 1 ulp.
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
@@ -23,19 +26,39 @@
 #include <vector>
 
 using Vec = at::vec::Vectorized<float>;
+using BF16 = at::BFloat16;
 
 namespace {
+
+inline float to_float(float x) { return x; }
+inline float to_float(BF16 x) { return static_cast<float>(x); }
+
+inline Vec load_vec(const float* p) { return Vec::loadu(p); }
+inline Vec load_vec(const BF16* p) {
+#if defined(CPU_CAPABILITY_AVX512)
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return Vec(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)));
+#elif defined(CPU_CAPABILITY_AVX2)
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return Vec(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16)));
+#else
+  float widened[Vec::size()];
+  for (int64_t i = 0; i < Vec::size(); ++i) widened[i] = static_cast<float>(p[i]);
+  return Vec::loadu(widened);
+#endif
+}
 
 float sum_lanes(const Vec& v) {
   return at::vec::vec_reduce_all<float>([](const Vec& x, const Vec& y) { return x + y; }, v);
 }
 
-float dot(const float* a, const float* b, int64_t n) {
+template <typename KV>
+float dot(const float* a, const KV* b, int64_t n) {
   Vec sum(0.f);
   int64_t i = 0;
-  for (; i + Vec::size() <= n; i += Vec::size()) sum = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), sum);
+  for (; i + Vec::size() <= n; i += Vec::size()) sum = at::vec::fmadd(Vec::loadu(a + i), load_vec(b + i), sum);
   float total = sum_lanes(sum);
-  for (; i < n; ++i) total += a[i] * b[i];
+  for (; i < n; ++i) total += a[i] * to_float(b[i]);
   return total;
 }
 
@@ -53,12 +76,13 @@ inline __m512 lane_sums(__m512 a, __m512 b) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
                        _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
 }
-void run_scores(const float* query, const float* keys, int64_t stride, int64_t dim, float* out) {
+template <typename KV>
+void run_scores(const float* query, const KV* keys, int64_t stride, int64_t dim, float* out) {
   __m512 acc[16];
   for (int p = 0; p < 16; ++p) acc[p] = _mm512_setzero_ps();
   for (int64_t c = 0; c < dim; c += 16) {
     const __m512 q = _mm512_loadu_ps(query + c);
-    for (int p = 0; p < 16; ++p) acc[p] = _mm512_fmadd_ps(q, _mm512_loadu_ps(keys + p * stride + c), acc[p]);
+    for (int p = 0; p < 16; ++p) acc[p] = _mm512_fmadd_ps(q, load_vec(keys + p * stride + c), acc[p]);
   }
   __m512 pairs[8], quads[4];
   for (int i = 0; i < 8; ++i) pairs[i] = pair_sums(acc[2 * i], acc[2 * i + 1]);
@@ -67,12 +91,13 @@ void run_scores(const float* query, const float* keys, int64_t stride, int64_t d
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 constexpr int64_t kPositions = 8;
-void run_scores(const float* query, const float* keys, int64_t stride, int64_t dim, float* out) {
+template <typename KV>
+void run_scores(const float* query, const KV* keys, int64_t stride, int64_t dim, float* out) {
   __m256 acc[8];
   for (int p = 0; p < 8; ++p) acc[p] = _mm256_setzero_ps();
   for (int64_t c = 0; c < dim; c += 8) {
     const __m256 q = _mm256_loadu_ps(query + c);
-    for (int p = 0; p < 8; ++p) acc[p] = _mm256_fmadd_ps(q, _mm256_loadu_ps(keys + p * stride + c), acc[p]);
+    for (int p = 0; p < 8; ++p) acc[p] = _mm256_fmadd_ps(q, load_vec(keys + p * stride + c), acc[p]);
   }
   __m256 pairs[4], quads[2];
   for (int i = 0; i < 4; ++i)
@@ -87,10 +112,12 @@ void run_scores(const float* query, const float* keys, int64_t stride, int64_t d
 }
 #else
 constexpr int64_t kPositions = 0;
-void run_scores(const float*, const float*, int64_t, int64_t, float*) {}
+template <typename KV>
+void run_scores(const float*, const KV*, int64_t, int64_t, float*) {}
 #endif
 
-void block_scores(const float* query, const float* keys, int64_t count, int64_t stride, int64_t dim, float* out) {
+template <typename KV>
+void block_scores(const float* query, const KV* keys, int64_t count, int64_t stride, int64_t dim, float* out) {
   int64_t p = 0;
   if (kPositions && dim % kPositions == 0)
     for (; p + kPositions <= count; p += kPositions) run_scores(query, keys + p * stride, stride, dim, out + p);
@@ -99,15 +126,16 @@ void block_scores(const float* query, const float* keys, int64_t count, int64_t 
 
 // out[0:n] += sum over rows r < count of weights[r] * rows[r * stride : r * stride + n], summed in registers:
 // updating `out` row by row would make every row wait for the previous row's store.
-void accumulate(float* out, const float* weights, const float* rows, int64_t count, int64_t stride, int64_t n) {
+template <typename KV>
+void accumulate(float* out, const float* weights, const KV* rows, int64_t count, int64_t stride, int64_t n) {
   int64_t i = 0;
   for (; i + Vec::size() <= n; i += Vec::size()) {
     Vec sum = Vec::loadu(out + i);
-    for (int64_t r = 0; r < count; ++r) sum = at::vec::fmadd(Vec(weights[r]), Vec::loadu(rows + r * stride + i), sum);
+    for (int64_t r = 0; r < count; ++r) sum = at::vec::fmadd(Vec(weights[r]), load_vec(rows + r * stride + i), sum);
     sum.store(out + i);
   }
   for (; i < n; ++i)
-    for (int64_t r = 0; r < count; ++r) out[i] += weights[r] * rows[r * stride + i];
+    for (int64_t r = 0; r < count; ++r) out[i] += weights[r] * to_float(rows[r * stride + i]);
 }
 
 // row[0:n] = exp(row - max(row)), with weights below e^-80 made exactly 0: they are lost next to the largest
@@ -136,27 +164,24 @@ float exp_shifted(float* row, int64_t n) {
 }  // namespace
 
 // q: [B, Hq, D]; k_cache, v_cache: [num_blocks, block_size, Hkv, D]; block_tables: [B, max_blocks] int64;
-// context_lens: [B] int64. Returns [B, Hq, D]. All float32, contiguous.
+// context_lens: [B] int64. Returns [B, Hq, D]. q float32, the cache float32 or bfloat16, all contiguous.
 // window > 0: the query sees only the last `window` positions (transformers' sliding window: q - k < window).
 // softcap > 0: scores become softcap * tanh(score / softcap) after scaling, as Gemma 2's attention does.
-torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                                     torch::Tensor block_tables, torch::Tensor context_lens, double scale,
-                                     int64_t window, double softcap) {
-  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k_cache.scalar_type() == torch::kFloat32, "float32 only");
-  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(), "contiguous inputs only");
+template <typename KV>
+void attend_all(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale, int64_t window,
+                double softcap, torch::Tensor& out) {
   const int64_t batch = q.size(0), q_heads = q.size(1), dim = q.size(2);
   const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2);
   const int64_t max_blocks = block_tables.size(1), group = q_heads / kv_heads;
-  auto out = torch::zeros_like(q);
   const float* qp = q.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
+  const KV* kp = k_cache.data_ptr<KV>();
+  const KV* vp = v_cache.data_ptr<KV>();
   const int64_t* tables = block_tables.data_ptr<int64_t>();
   const int64_t* lens = context_lens.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale), fsoftcap = static_cast<float>(softcap);
   const int64_t position_stride = kv_heads * dim;
-
   // One query head of one sequence: its scores over the context, their softmax, then the values' weighted sum,
   // read block by block front to back. A work item is a head, not a sequence, so that one sequence's decode
   // (a request alone) spreads over every thread instead of leaving all but one waiting at the barrier.
@@ -169,7 +194,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
     scores.resize(seen);
     for (int64_t start = first; start < len;) {  // block by block, as the values below
       const int64_t offset = start % block_size, count = std::min(block_size - offset, len - start);
-      const float* keys = kp + (table[start / block_size] * block_size + offset) * position_stride + head_offset;
+      const KV* keys = kp + (table[start / block_size] * block_size + offset) * position_stride + head_offset;
       block_scores(query, keys, count, position_stride, dim, scores.data() + start - first);
       start += count;
     }
@@ -182,7 +207,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
     // Runs of positions that lie in one block; the first may start mid-block when a window cuts the context.
     for (int64_t start = first; start < len;) {
       const int64_t offset = start % block_size, count = std::min(block_size - offset, len - start);
-      const float* values = vp + (table[start / block_size] * block_size + offset) * position_stride + head_offset;
+      const KV* values = vp + (table[start / block_size] * block_size + offset) * position_stride + head_offset;
       accumulate(result, scores.data() + start - first, values, count, position_stride, dim);
       start += count;
     }
@@ -206,5 +231,20 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
       for (int64_t head = item * heads_per_item; head < (item + 1) * heads_per_item; ++head)
         attend(head / q_heads, head % q_heads, scores);
   });
+}
+
+torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                                     torch::Tensor block_tables, torch::Tensor context_lens, double scale,
+                                     int64_t window, double softcap) {
+  const auto kv = k_cache.scalar_type();
+  TORCH_CHECK(q.scalar_type() == torch::kFloat32, "q: float32 only");
+  TORCH_CHECK((kv == torch::kFloat32 || kv == torch::kBFloat16) && v_cache.scalar_type() == kv,
+              "the KV cache: float32 or bfloat16, keys and values alike");
+  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(), "contiguous inputs only");
+  auto out = torch::zeros_like(q);
+  if (kv == torch::kBFloat16)
+    attend_all<BF16>(q, k_cache, v_cache, block_tables, context_lens, scale, window, softcap, out);
+  else
+    attend_all<float>(q, k_cache, v_cache, block_tables, context_lens, scale, window, softcap, out);
   return out;
 }
