@@ -116,8 +116,8 @@ bench-footprint: install kernels $(MODELS)/$(DEFAULT_MODEL)/config.json
 	$(PY) bench/footprint.py
 
 lint: install
-	$(VENV)/bin/ruff check tritonllm model_repository tests client bench
-	$(VENV)/bin/ruff format --check tritonllm model_repository tests client bench
+	$(VENV)/bin/ruff check tritonllm model_repository optional_models tests client bench
+	$(VENV)/bin/ruff format --check tritonllm model_repository optional_models tests client bench
 	$(PY) -m tritonllm.runtime.parameter_configs --check
 
 # The config and docs sections written from tritonllm/request_parameters.py

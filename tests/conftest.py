@@ -109,3 +109,25 @@ def sentence_model():
     from tritonllm.embedding import embedding_model_dir
 
     return SentenceTransformer(str(embedding_model_dir()), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def cross_encoder_dir(tmp_path_factory) -> Path:
+    """A small random cross-encoder (BERT, one label) with all-MiniLM-L6-v2's tokenizer, saved as transformers
+    saves a sequence classifier: no real one can be had offline (the package lists hold none)."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from tritonllm.embedding import embedding_model_dir
+
+    folder = tmp_path_factory.mktemp("cross-encoder")
+    tokenizer = AutoTokenizer.from_pretrained(embedding_model_dir())
+    torch.manual_seed(5)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128, max_position_embeddings=128, num_labels=1,
+    )  # fmt: skip
+    BertForSequenceClassification(config).eval().save_pretrained(folder)
+    tokenizer.model_max_length = 128
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .embedding import EMBEDDING_MODEL_DIR_ENV
 from .engine.config import OVERRIDES_ENV, EngineConfig, kind_of
+from .reranker import RERANK_MODEL_DIR_ENV
 from .runtime.model_config import MODEL_DIR_ENV, TOOL_CALL_PARSER_ENV
 from .tokenizer import reasoning
 from .tokenizer.tool_calls import FORMATS, resolve_format_of
@@ -20,6 +21,7 @@ from .tokenizer.tool_calls import FORMATS, resolve_format_of
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODELS = PROJECT_ROOT / "models"
 DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
+OPTIONAL_MODELS = PROJECT_ROOT / "optional_models"  # linked into the served repository when asked for
 API_KEY_ENV = "TRITONLLM_API_KEY"
 THROUGH_ENSEMBLE_ENV = "TRITONLLM_THROUGH_ENSEMBLE"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -101,6 +103,7 @@ def serve(args: argparse.Namespace) -> int:
         formats = [early.submit(model_formats, args, folder) for folder in model_dirs]
         early.submit(_import_shim)
     loaded_first = [llm.triton.ensemble for llm in llms[: args.models_max]]
+    side_models = [*(() if args.no_embedding else ("embedding",)), *(("reranker",) if args.rerank_model_dir else ())]
 
     server = TritonServer(
         Path(args.model_repository),
@@ -111,12 +114,14 @@ def serve(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         llm_instances=args.llm_instances,
         without_models=("embedding",) if args.no_embedding else (),
+        extra_models=(OPTIONAL_MODELS / "reranker",) if args.rerank_model_dir else (),
         exit_timeout_s=args.drain_seconds,
         # several LLMs: each one's folder is written into its staged configs, and the models load on demand
         llms=[(llm.triton, folder) for llm, folder in zip(llms, model_dirs, strict=True)] if len(llms) > 1 else [],
-        load_at_start=(*loaded_first, *(() if args.no_embedding else ("embedding",))) if len(llms) > 1 else None,
+        load_at_start=(*loaded_first, *side_models) if len(llms) > 1 else None,
         env={TOOL_CALL_PARSER_ENV: args.tool_call_parser, OVERRIDES_ENV: json.dumps(overrides)}
         | ({MODEL_DIR_ENV: str(model_dir)} if len(llms) == 1 else {})
+        | ({RERANK_MODEL_DIR_ENV: str(Path(args.rerank_model_dir).absolute())} if args.rerank_model_dir else {})
         | (
             {EMBEDDING_MODEL_DIR_ENV: str(Path(args.embedding_model_dir).resolve())} if args.embedding_model_dir else {}
         ),
@@ -152,6 +157,7 @@ def serve(args: argparse.Namespace) -> int:
             triton_grpc_url=server.grpc_url,
             served_model_name=first.name,
             embedding_model_name=None if args.no_embedding else args.embedding_model_name,
+            rerank_model_name=rerank_name(args),
             tool_call_parser=first.tool_call_parser,
             reasoning_parser=first.reasoning_parser,
             loras=loras,
@@ -170,6 +176,13 @@ def serve(args: argparse.Namespace) -> int:
         _progress("stopping tritonserver")
         server.stop()
     return 0
+
+
+def rerank_name(args: argparse.Namespace) -> str | None:
+    """The reranker's name in /v1/rerank and /v1/score: --rerank-model-name, else its folder's; None without one."""
+    if args.rerank_model_name:
+        return args.rerank_model_name
+    return Path(args.rerank_model_dir).name if getattr(args, "rerank_model_dir", None) else None
 
 
 def llms_of(args: argparse.Namespace) -> list:
@@ -250,6 +263,7 @@ def shim(args: argparse.Namespace) -> int:
             triton_grpc_url=args.triton_grpc_url,
             served_model_name=served[0].name,
             embedding_model_name=args.embedding_model_name,
+            rerank_model_name=args.rerank_model_name,
             tool_call_parser=served[0].tool_call_parser,
             reasoning_parser=served[0].reasoning_parser,
             more_models=tuple(served[1:]),
@@ -483,6 +497,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--embedding-model-name", default="all-MiniLM-L6-v2", help="the name /v1/embeddings answers to")
     p.add_argument(
+        "--rerank-model-dir",
+        help="a cross-encoder folder (one label, as sentence-transformers' CrossEncoder saves it) for /v1/rerank and "
+        "/v1/score; none by default",
+    )
+    p.add_argument("--rerank-model-name", help="the name /v1/rerank answers to (default: the folder's)")
+    p.add_argument(
         "--no-embedding",
         action="store_true",
         help="serve no embedding model: about 390 MB less memory and a shorter start; /v1/embeddings answers 404",
@@ -540,6 +560,7 @@ def build_parser() -> argparse.ArgumentParser:
         p, "the LLMs the tritonserver serves, as `serve` was given them (names and formats come from them)"
     )
     p.add_argument("--embedding-model-name", default="all-MiniLM-L6-v2", help="the name /v1/embeddings answers to")
+    p.add_argument("--rerank-model-name", help="the reranker tritonserver serves, by the name /v1/rerank answers to")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9000)
     p.add_argument("--default-max-tokens", type=int, default=256, help="for requests without max_tokens")

@@ -1,5 +1,5 @@
 """`serve --no-embedding`: tritonserver loads no embedding model, /v1/models lists only the served model, and
-/v1/embeddings is a 404 that says why, while generation works as before."""
+/v1/embeddings is a 404 that says why (as /v1/rerank without a reranker), while generation works as before."""
 
 from __future__ import annotations
 
@@ -22,6 +22,10 @@ def test_serve_without_the_embedding_model(tiny_model_dir, tmp_path):
         assert refused.status_code == 404
         error = refused.json()["error"]
         assert error["param"] == "model" and "serves no embedding model" in error["message"]
+        # nor a reranker, which is served only when asked for
+        assert "reranker" not in {model["name"] for model in index}
+        refused = httpx.post(f"{shim}/v1/rerank", json={"model": "tiny", "query": "q", "documents": ["d"]})
+        assert refused.status_code == 404 and "serves no reranker" in refused.json()["error"]["message"]
 
         completion = httpx.post(f"{shim}/v1/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 4})
         assert completion.status_code == 200 and completion.json()["usage"]["completion_tokens"] == 4

@@ -170,6 +170,7 @@ class TritonServer:
     log_file: Path | None = None
     llm_instances: int = 1  # engines in the llm model (instance_group count), each with its own KV pool
     without_models: tuple[str, ...] = ()  # models of the repository this server does not load
+    extra_models: tuple[Path, ...] = ()  # model folders from outside the repository it loads too
     # several LLMs (model_set.py): each one's Triton names and model folder; empty: the repository's one LLM
     llms: list[tuple[TritonNames, Path]] = field(default_factory=list)
     # Triton's explicit model control: only these models load at start, the others when a client asks
@@ -242,8 +243,10 @@ class TritonServer:
         busy = [p for p in (self.http_port, self.grpc_port, self.metrics_port) if not port_is_free(self.host, p)]
         if busy:
             raise ServerError(f"port(s) {busy} on {self.host} are in use; pick others (--http-port ...)")
-        if self.llm_instances != 1 or self.without_models or self.llms:
-            self._staged = stage_repository(self.model_repository, self.llm_instances, self.without_models, self.llms)
+        if self.llm_instances != 1 or self.without_models or self.llms or self.extra_models:
+            self._staged = stage_repository(
+                self.model_repository, self.llm_instances, self.without_models, self.llms, self.extra_models
+            )
         self.process = subprocess.Popen(
             self.command(),
             env=server_env(self.env),
@@ -383,13 +386,17 @@ class TritonServer:
 
 
 def stage_repository(
-    repository: Path, count: int, without: tuple[str, ...] = (), llms: list[tuple[TritonNames, Path]] = ()
+    repository: Path,
+    count: int,
+    without: tuple[str, ...] = (),
+    llms: list[tuple[TritonNames, Path]] = (),
+    extra: tuple[Path, ...] = (),
 ) -> Path:
     """A copy of the model repository, made of links, without the models named in `without` and whose llm runs
     `count` instances: Triton reads instance counts only from config.pbtxt. With `llms` (names, model folder),
     the repository's four LLM models once per LLM under its names, each config with its folder written in
-    (model_set.py). (The models find the real repository through their version folders' links,
-    model_config.ModelParameters.)"""
+    (model_set.py). `extra`: model folders from elsewhere (optional_models/) linked in. (The models find the
+    real repository through their version folders' links, model_config.ModelParameters.)"""
     if count < 1:
         raise ServerError(f"llm_instances must be >= 1, got {count}")
     repository = repository.resolve()
@@ -398,6 +405,8 @@ def stage_repository(
     for model in repository.iterdir():
         if model.name not in without and not (llms and model.name in own):
             (staged / model.name).symlink_to(model)
+    for model in extra:
+        (staged / model.name).symlink_to(model.resolve())
     for names, model_dir in llms:
         for folder, name in names.by_folder().items():
             config = renamed_config((repository / folder / "config.pbtxt").read_text(), names, model_dir)

@@ -20,6 +20,7 @@ from . import (
     model_admin,
     openai_api,
     openapi,
+    rerank_api,
     responses_api,
     tokenize_api,
 )
@@ -55,6 +56,7 @@ def create_app(settings: ShimSettings, unavailable: Callable[[], str | None] | N
     app.include_router(embeddings_api.build_router(settings))
     app.include_router(generate_api.build_router(settings))
     app.include_router(responses_api.build_router(settings))
+    app.include_router(rerank_api.build_router(settings))
     app.include_router(tokenize_api.build_router(settings))
     if settings.models_max is not None:
         app.include_router(model_admin.build_router(settings))

@@ -74,6 +74,9 @@ class ModelPool:
     async def embed(self, texts: list[str], instruction: str | None) -> tuple[np.ndarray, np.ndarray]:
         return await self.first.embed(texts, instruction)
 
+    async def score(self, queries: list[str], documents: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        return await self.first.score(queries, documents)
+
     async def states(self) -> dict[str, str]:
         """Each LLM's state as llama.cpp's router names them: loaded, loading, unloading or unloaded."""
         states = await self.first.model_states()

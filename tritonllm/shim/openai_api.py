@@ -62,7 +62,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
         return JSONResponse(render.whole(choices))
 
     def cards() -> dict[str, dict]:
-        names = (*(model.name for model in settings.llms()), settings.embedding_model_name)
+        names = (*(model.name for model in settings.llms()), settings.embedding_model_name, settings.rerank_model_name)
         own = [{"id": name, "object": "model", "created": settings.started, "owned_by": "tritonllm"} for name in names]
         return {card["id"]: card for card in own + settings.loras.cards(settings.started) if card["id"] is not None}
 

@@ -46,6 +46,8 @@ class ShimSettings:
     served_model_name: str = "SmolLM2-135M-Instruct"
     # /v1/embeddings, served by the `embedding` model; None: the server has no embedding model
     embedding_model_name: str | None = "all-MiniLM-L6-v2"
+    # /v1/rerank and /v1/score, served by the `reranker` model; None: the server has none
+    rerank_model_name: str | None = None
     default_max_tokens: int = 256  # requests that give no max_tokens
     # fullTextEnabled in the specs: each streamed event carries the whole text so far
     full_text_enabled: bool = False

@@ -34,6 +34,7 @@ from .direct_route import DirectRoute, Tensor
 from .mux_channel import ChannelClosed, MuxChannel
 
 EMBEDDING = "embedding"
+RERANKER = "reranker"
 NUMPY_TYPES = {"BOOL": bool, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32}
 FINISH_GRACE_S = 30.0  # how long an abandoned call may take to end after its stop before it is cancelled
 RECONNECT_MS = 1000
@@ -533,6 +534,15 @@ class TritonLLMClient:
             inputs.append(_infer_input("instruction", "BYTES", np.full_like(rows, instruction.encode("utf-8"))))
         result = await self._infer(EMBEDDING, inputs)
         return result.as_numpy("embedding"), result.as_numpy("num_input_tokens").reshape(-1)
+
+    async def score(self, queries: list[str], documents: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Each (query, document) pair's relevance [rows] and token count [rows] from the `reranker` model."""
+        rows = [
+            _infer_input(name, "BYTES", np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_))
+            for name, texts in (("query", queries), ("document", documents))
+        ]
+        result = await self._infer(RERANKER, rows)
+        return result.as_numpy("score").reshape(-1), result.as_numpy("num_input_tokens").reshape(-1)
 
     async def tokenize(self, request: TokenizeRequest) -> Tokenized:
         """The prompt's ids as `preprocessing` makes them for a generation, with their token strings."""

@@ -1,0 +1,142 @@
+"""POST /v1/rerank and /v1/score (vLLM's routes and shapes; /rerank, /v2/rerank and /score too) onto the Triton
+`reranker` model, which scores (query, document) pairs with a cross-encoder (tritonllm/reranker.py).
+
+Rerank: a query and its documents (strings, or Jina's and Cohere's {"text": ...}), answered most relevant first,
+`top_n` of them. Score: `text_1` against `text_2`, one to one, one to many, or pairwise for lists of one length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import uuid
+from typing import Annotated
+
+import numpy as np
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import APIError, json_body
+from .generation import until_disconnected
+from .openai_protocol import MAX_TEXT_CHARS
+from .settings import ShimSettings
+from .triton_client import TritonRequestError, TritonUnavailable
+
+CHUNK_ROWS = 64  # the reranker model's max_batch_size
+MAX_PAIRS = 1024
+
+
+class Document(BaseModel):
+    text: str
+
+
+class RerankRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    query: str
+    documents: Annotated[list[str | Document], Field(min_length=1, max_length=MAX_PAIRS)]
+    top_n: Annotated[int, Field(ge=0)] | None = None  # None or 0: all of them
+    return_documents: bool = True
+
+
+class ScoreRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    text_1: str | Annotated[list[str], Field(min_length=1, max_length=MAX_PAIRS)]
+    text_2: str | Annotated[list[str], Field(min_length=1, max_length=MAX_PAIRS)]
+
+
+def build_router(settings: ShimSettings) -> APIRouter:
+    router = APIRouter()
+
+    def check_model(name: str) -> None:
+        if settings.rerank_model_name is None:
+            raise APIError(
+                404,
+                f"model {name!r} does not rerank: this server serves no reranker (`serve --rerank-model-dir`)",
+                "model",
+            )
+        if name != settings.rerank_model_name:
+            served = {m.name for m in settings.llms()} | {settings.embedding_model_name}
+            raise APIError(
+                400 if name in served else 404,
+                f"model {name!r} does not rerank; the reranker is {settings.rerank_model_name!r}",
+                "model",
+            )
+
+    async def scored(request: Request, queries: list[str], documents: list[str], field: str) -> tuple:
+        """Each pair's score and the tokens of all; an error naming a document names it as `field`[i]."""
+        if sum(map(len, queries)) + sum(map(len, documents)) > MAX_TEXT_CHARS:
+            raise APIError(413, f"the texts are over {MAX_TEXT_CHARS} characters", field)
+        client = request.app.state.triton
+
+        async def chunk(start: int) -> tuple[np.ndarray, np.ndarray]:
+            end = start + CHUNK_ROWS
+            try:
+                return await client.score(queries[start:end], documents[start:end])
+            except TritonRequestError as e:
+                error = APIError.refused(e)
+                named = lambda m: f"{field}[{start + int(m[1])}]"  # noqa: E731
+                error.message = re.sub(r"document\[(\d+)\]", named, error.message)
+                error.param = re.sub(r"document\[(\d+)\]", named, error.param or field)
+                raise error from e
+            except TritonUnavailable as e:
+                raise APIError(503, str(e)) from e
+
+        parts = await until_disconnected(
+            request, asyncio.gather(*(chunk(s) for s in range(0, len(queries), CHUNK_ROWS)))
+        )
+        return np.concatenate([s for s, _ in parts]), int(sum(int(n.sum()) for _, n in parts))
+
+    async def rerank(
+        request: Request, body: Annotated[RerankRequest, Depends(json_body(RerankRequest))]
+    ) -> JSONResponse:
+        check_model(body.model)
+        texts = [d if isinstance(d, str) else d.text for d in body.documents]
+        scores, tokens = await scored(request, [body.query] * len(texts), texts, "documents")
+        order = sorted(range(len(texts)), key=lambda i: -scores[i])[: body.top_n or None]
+        results = [
+            {"index": i, "relevance_score": float(scores[i])}
+            | ({"document": {"text": texts[i]}} if body.return_documents else {})
+            for i in order
+        ]
+        return JSONResponse(
+            {
+                "id": f"rerank-{uuid.uuid4().hex}",
+                "model": body.model,
+                "usage": {"total_tokens": tokens},
+                "results": results,
+            }
+        )
+
+    async def score(request: Request, body: Annotated[ScoreRequest, Depends(json_body(ScoreRequest))]) -> JSONResponse:
+        check_model(body.model)
+        first = [body.text_1] if isinstance(body.text_1, str) else body.text_1
+        second = [body.text_2] if isinstance(body.text_2, str) else body.text_2
+        if len(first) == 1:
+            first = first * len(second)
+        elif len(first) != len(second):
+            raise APIError(
+                400, f"text_1 has {len(first)} texts and text_2 {len(second)}: give one, or as many", "text_2"
+            )
+        scores, tokens = await scored(request, first, second, "text_2")
+        return JSONResponse(
+            {
+                "id": f"score-{uuid.uuid4().hex}",
+                "object": "list",
+                "created": int(time.time()),
+                "model": body.model,
+                "data": [{"index": i, "object": "score", "score": float(s)} for i, s in enumerate(scores)],
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
+
+    for path in ("/v1/rerank", "/rerank", "/v2/rerank"):
+        router.add_api_route(path, rerank, methods=["POST"])
+    for path in ("/v1/score", "/score"):
+        router.add_api_route(path, score, methods=["POST"])
+    return router
