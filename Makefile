@@ -6,7 +6,7 @@ CLI := $(VENV)/bin/tritonllm
 MODELS ?= models
 PYTEST_ARGS ?=
 
-.PHONY: install kernels clients system-deps model serve test test-slow test-instances soak bench bench-peers bench-speculation bench-footprint lint configs perf-analyzer clean
+.PHONY: install kernels clients system-deps model serve test test-slow test-instances soak bench bench-peers bench-speculation bench-footprint bench-kv-cache-dtype lint configs perf-analyzer clean
 
 install: $(VENV)/.installed
 
@@ -114,6 +114,11 @@ bench-footprint: install kernels $(MODELS)/$(DEFAULT_MODEL)/config.json
 	command -v cmake >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++)
 	$(PIP) install -q -c constraints.txt -e '.[test,bench]'
 	$(PY) bench/footprint.py
+
+# The bfloat16 KV cache against the float32 one: memory a token, greedy agreement, lm-eval drift, W1.
+bench-kv-cache-dtype: install kernels clients $(MODELS)/$(DEFAULT_MODEL)/config.json
+	$(PIP) install -q -c constraints.txt -e '.[test,bench]'
+	$(PY) bench/kv_cache_dtype.py
 
 lint: install
 	$(VENV)/bin/ruff check tritonllm model_repository optional_models tests client bench
