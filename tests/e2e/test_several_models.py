@@ -93,6 +93,10 @@ def test_several_llms_answer_by_name_and_load_on_demand(models_folder, tmp_path)
         triton = {"text_input": "Once", "max_tokens": 6}
         generated = httpx.post(f"http://127.0.0.1:{ports['--http-port']}/v2/models/small/generate", json=triton)
         assert generated.json()["text_output"] == whole["choices"][0]["text"]
+        spec = {"text_input": "Once", "parameters": {"max_new_tokens": 6}}  # the shim's generate_stream spec
+        with httpx.stream("POST", f"{url}/v2/models/small/generate_stream", json=spec, timeout=60) as streamed:
+            events = [json.loads(line[5:]) for line in streamed.iter_lines() if line.startswith("data:")]
+        assert "".join(e["text_output"] for e in events) == whole["choices"][0]["text"]
 
         before = stubs(ports)
         rss_before = rss_mb(before.values())
