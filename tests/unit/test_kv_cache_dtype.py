@@ -17,8 +17,8 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from tritonllm.engine import cpu_kernels
 from tritonllm.engine.engine import EngineConfig, LLMEngine
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import Sequence
+
+from .test_native_decode import decoded_together
 
 cpu_kernels.build()  # a build that fails is this module's error, never a skip
 ROUNDED_KV = "bf16_rounded_kv_sdpa"
@@ -38,17 +38,6 @@ def oracle(model_dir):
     return transformers.AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation=ROUNDED_KV).eval()
 
 
-def greedy(model_dir, prompts: list[list[int]], new_tokens: int, **settings) -> tuple[LLMEngine, list[list[int]]]:
-    engine = LLMEngine(EngineConfig(str(model_dir), num_kv_blocks=64, block_size=8, **settings))
-    seqs = [Sequence(p, SamplingParams(max_tokens=new_tokens)) for p in prompts]
-    for seq in seqs:
-        engine.add(seq)
-    while engine.has_work():
-        engine.step()
-    assert engine.blocks.num_free == engine.blocks.num_blocks
-    return engine, [s.output_ids for s in seqs]
-
-
 def prompts_for(vocab: int, count: int = 3) -> list[list[int]]:
     g = torch.Generator().manual_seed(3)
     return [torch.randint(7, vocab, (4 + 11 * i,), generator=g).tolist() for i in range(count)]
@@ -64,7 +53,7 @@ def mistral(tmp_path_factory, tokenizer):
 def test_greedy_with_a_bfloat16_cache_equals_generate_over_rounded_keys_and_values(model, mistral):
     model_dir = mistral if model == "mistral" else MODELS / model
     prompts = prompts_for(4000)
-    engine, outputs = greedy(model_dir, prompts, 20, kv_cache_dtype="bfloat16")
+    engine, outputs = decoded_together(model_dir, prompts, 20, kv_cache_dtype="bfloat16")
     assert engine.runner.cache.key[0].dtype == torch.bfloat16
     assert (engine.runner.decoder_stack is not None) == (model != "mistral")
     hf = oracle(model_dir)

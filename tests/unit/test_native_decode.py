@@ -26,9 +26,12 @@ def families(tmp_path_factory, tokenizer):
     return {family: build_architecture(family, tokenizer, out) for family in [*SERVED, *REFUSED]}
 
 
-def decoded_together(model_dir, prompts: list[list[int]], new_tokens: int) -> tuple[LLMEngine, list[list[int]]]:
-    """The prompts' greedy outputs, decoded in one batch (a step of several rows through the stack)."""
-    engine = LLMEngine(EngineConfig(str(model_dir), num_kv_blocks=64, block_size=8))
+def decoded_together(
+    model_dir, prompts: list[list[int]], new_tokens: int, **settings
+) -> tuple[LLMEngine, list[list[int]]]:
+    """The prompts' greedy outputs, decoded in one batch (a step of several rows through the stack); `settings`:
+    more engine settings."""
+    engine = LLMEngine(EngineConfig(str(model_dir), num_kv_blocks=64, block_size=8, **settings))
     seqs = [Sequence(p, SamplingParams(max_tokens=new_tokens)) for p in prompts]
     for seq in seqs:
         engine.add(seq)
