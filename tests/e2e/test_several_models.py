@@ -65,10 +65,10 @@ def rss_mb(pids) -> int:
 
 
 @pytest.fixture(scope="module")
-def models_folder(tmp_path_factory, tiny_model_dir):
+def models_folder(tmp_path_factory, tiny_model_dir, small_model_dir):
     """small and a second name for tiny (tiny2), as a models folder."""
     folder = tmp_path_factory.mktemp("models")
-    for name, target in (("small", MODELS / "small"), ("tiny2", tiny_model_dir)):
+    for name, target in (("small", small_model_dir), ("tiny2", tiny_model_dir)):
         (folder / name).symlink_to(target.resolve())
     return folder
 

@@ -14,7 +14,8 @@ cpu_kernels.build()
 
 
 def decode_attention(*args):
-    return cpu_kernels.native().paged_decode_attention(*args)
+    """The kernel on a float32 or bfloat16 cache (no int8 scales)."""
+    return cpu_kernels.native().paged_decode_attention(*args, torch.empty(0), torch.empty(0))
 
 
 def gathered_reference(q, k_cache, v_cache, tables, lens, scale, window=0, softcap=0.0):

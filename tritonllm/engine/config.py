@@ -15,7 +15,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 OVERRIDES_ENV = "TRITONLLM_ENGINE_SETTINGS"  # JSON {setting: value}, from `serve`'s flags
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}  # torch is imported by the engine, not by the CLI
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+KV_DTYPE_BYTES = DTYPE_BYTES | {
+    "int8": 1
+}  # an int8 cache adds a float32 scale per head vector (KVCache)  # torch is imported by the engine, not by the CLI
 AUTO_KV_SHARE = 0.1  # of the memory available at load, for a KV cache sized by neither setting
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30}
 
@@ -32,8 +35,9 @@ class EngineConfig:
     )
     kv_cache_dtype: str = setting(
         "auto",
-        "the KV cache's values: auto (dtype's), float32 or bfloat16 (half the memory a token, so twice the context; "
-        "keys and values rounded to bfloat16, the arithmetic float32's: greedy output may differ from transformers')",
+        "the KV cache's values: auto (dtype's), float32, bfloat16 (half the memory a token, so twice the context) or "
+        "int8 (a scale per head vector: 3.8x the context of float32); keys and values rounded so, the arithmetic "
+        "float32's: greedy output may differ from transformers'",
     )
     device: str = setting("auto", "auto (CUDA when present, else CPU), cpu, cuda or cuda:N")
     num_kv_blocks: int = setting(
@@ -85,7 +89,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         checks = {
             "dtype": self.dtype == "auto" or self.dtype in DTYPE_BYTES,
-            "kv_cache_dtype": self.kv_cache_dtype in ("auto", "float32", "bfloat16"),
+            "kv_cache_dtype": self.kv_cache_dtype in ("auto", "float32", "bfloat16", "int8"),
             "device": re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None,
             "num_kv_blocks": self.num_kv_blocks >= 0,
             "block_size": self.block_size >= 1,

@@ -12,7 +12,7 @@ from ..errors import RequestError
 from . import lora
 from .beam_search import BeamSearch
 from .block_manager import BlockManager
-from .config import DTYPE_BYTES, EngineConfig
+from .config import KV_DTYPE_BYTES, EngineConfig
 from .draft_model import DraftModelDrafter
 from .logits_processors import ends_with_any, ends_with_stop_word
 from .model_runner import ModelRunner, ModelShape, resolve_device, resolve_dtype_name
@@ -45,7 +45,7 @@ class LLMEngine:
         dtype = resolve_dtype_name(config.dtype, resolve_device(config.device))
         kv_dtype = dtype if config.kv_cache_dtype == "auto" else config.kv_cache_dtype
         per_block = KVCache.block_bytes(
-            shape.num_layers, config.block_size, shape.num_kv_heads, shape.head_dim, DTYPE_BYTES[kv_dtype]
+            shape.num_layers, config.block_size, shape.num_kv_heads, shape.head_dim, KV_DTYPE_BYTES[kv_dtype]
         )
         num_blocks = config.kv_blocks(per_block, shape.max_position_embeddings)
         self.kv_cache_bytes = num_blocks * per_block

@@ -106,7 +106,8 @@ class ModelRunner:
 
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
-        self.kv_dtype = resolve_dtype(kv_cache_dtype or dtype)
+        self.kv_dtype_name = kv_cache_dtype or dtype
+        self.kv_dtype = torch.int8 if self.kv_dtype_name == "int8" else resolve_dtype(self.kv_dtype_name)
         model_check.check_config(AutoConfig.from_pretrained(model_dir))
         try:
             self.model = AutoModelForCausalLM.from_pretrained(
@@ -164,7 +165,7 @@ class ModelRunner:
         if reason is not None:
             log.info("decode steps run through transformers' modules: %s", reason)
             return
-        self.decoder_stack = native_decode.NativeDecode(self.model, self.cache.key, self.cache.value)
+        self.decoder_stack = native_decode.NativeDecode(self.model, self.cache)
 
     def _allocate_cache(self) -> KVCache:
         return KVCache.allocate(
@@ -191,7 +192,7 @@ class ModelRunner:
         worker_args = [
             f"--model-dir={model_dir}",
             f"--dtype={dtype}",
-            f"--kv-cache-dtype={str(self.kv_dtype).removeprefix('torch.')}",
+            f"--kv-cache-dtype={self.kv_dtype_name}",
             f"--device={self.device.type}",
             f"--num-blocks={self.blocks.num_blocks}",
             f"--block-size={self.blocks.block_size}",

@@ -25,6 +25,7 @@ from . import cpu_kernels, quantized_linear
 from .fused_projections import SiblingLinear
 from .lora import LoraLinear
 from .native_linear import NATIVE_ROWS, NativeLinear
+from .paged_attention import KVCache
 from .quantized_linear import GEMM_ROWS, QuantizedLinear
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ def why_not(model: torch.nn.Module) -> str | None:
 class NativeDecode:
     """The model's decoder stack as one native object, weights and KV cache shared, not copied."""
 
-    def __init__(self, model: torch.nn.Module, key_cache: list[torch.Tensor], value_cache: list[torch.Tensor]):
+    def __init__(self, model: torch.nn.Module, cache: KVCache):
         self.model = model
         layers = model.model.layers
         attentions = [_Unwrapped(layer.self_attn) for layer in layers]
@@ -77,7 +78,8 @@ class NativeDecode:
         stack.gate_up = [_side_by_side(m.gate_proj, m.up_proj) for m in mlps]
         stack.down = [_projection(m.down_proj) for m in mlps]
         attention = layers[0].self_attn
-        stack.k_cache, stack.v_cache = list(key_cache), list(value_cache)
+        stack.k_cache, stack.v_cache = list(cache.key), list(cache.value)
+        stack.k_scales, stack.v_scales = list(cache.key_scale), list(cache.value_scale)
         stack.dim = attention.head_dim
         stack.heads = model.config.num_attention_heads
         stack.kv_heads = getattr(model.config, "num_key_value_heads", None) or stack.heads

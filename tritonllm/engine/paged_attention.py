@@ -66,6 +66,10 @@ class AttentionGroup:
 class KVCache:
     key: list[torch.Tensor]  # per layer: [num_blocks, block_size, num_kv_heads, head_dim]
     value: list[torch.Tensor]
+    # an int8 cache's scales, per layer: [num_blocks, block_size, num_kv_heads] float32, one per head vector (its
+    # values stand for int8 x scale); empty tensors for any other dtype
+    key_scale: list[torch.Tensor]
+    value_scale: list[torch.Tensor]
 
     @classmethod
     def allocate(
@@ -73,19 +77,41 @@ class KVCache:
     ):
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         layers = [_zeros(shape, dtype, device) for _ in range(2 * num_layers)]
-        return cls(layers[:num_layers], layers[num_layers:])
+        scaled = dtype == torch.int8
+        scales = [
+            _zeros(shape[:-1], torch.float32, device) if scaled else torch.empty(0, device=device)
+            for _ in range(2 * num_layers)
+        ]
+        return cls(layers[:num_layers], layers[num_layers:], scales[:num_layers], scales[num_layers:])
 
     @staticmethod
     def block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, itemsize: int) -> int:
-        """The memory one block takes across the layers, keys and values: what `allocate` lays out per block."""
-        return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
+        """The memory one block takes across the layers, keys and values: what `allocate` lays out per block
+        (`itemsize` 1: int8 values and a float32 scale per head vector)."""
+        per_vector = head_dim * itemsize + (4 if itemsize == 1 else 0)
+        return 2 * num_layers * block_size * num_kv_heads * per_vector
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copies whole blocks, source to destination, in every layer."""
         source = torch.tensor([s for s, _ in pairs], device=self.key[0].device)
         destination = torch.tensor([d for _, d in pairs], device=self.key[0].device)
-        for layer in (*self.key, *self.value):
-            layer[destination] = layer[source]
+        for layer in (*self.key, *self.value, *self.key_scale, *self.value_scale):
+            if layer.numel():
+                layer[destination] = layer[source]
+
+
+def quantize_heads(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., head_dim] float -> int8 values and a float32 scale per vector (its largest magnitude / 127), each
+    value over the scale rounded to nearest even: as the native decoder stack writes an int8 cache."""
+    x = x.float()
+    scale = x.abs().amax(-1) / 127
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    values = torch.where(scale[..., None] > 0, torch.round(x / safe[..., None]), 0).clamp(-127, 127)
+    return values.to(torch.int8), scale
+
+
+def dequantize_heads(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return values.float() * scale[..., None]
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
@@ -149,13 +175,17 @@ def paged_attention(
     layer = module.layer_idx
     if paged_batch.probe is not None:
         paged_batch.probe.record(layer, kwargs)
-    k_cache = paged_batch.cache.key[layer]
-    v_cache = paged_batch.cache.value[layer]
+    cache = paged_batch.cache
+    k_cache, v_cache = cache.key[layer], cache.value[layer]
+    k_scale, v_scale = cache.key_scale[layer], cache.value_scale[layer]
     # query [1, Hq, T, D], key/value [1, Hkv, T, D] -> token-major [T, H, D]
     q = query[0].transpose(0, 1)
-    new_keys, new_values = key[0].transpose(0, 1).to(k_cache.dtype), value[0].transpose(0, 1).to(v_cache.dtype)
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, paged_batch.slot_mapping, new_keys)
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, paged_batch.slot_mapping, new_values)
+    for new, values, scales in ((key, k_cache, k_scale), (value, v_cache, v_scale)):
+        new = new[0].transpose(0, 1)
+        if values.dtype == torch.int8:
+            new, scale = quantize_heads(new)
+            scales.view(-1, scales.shape[-1]).index_copy_(0, paged_batch.slot_mapping, scale)
+        values.view(-1, *values.shape[2:]).index_copy_(0, paged_batch.slot_mapping, new.to(values.dtype))
 
     out = torch.empty_like(q)
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -171,6 +201,8 @@ def paged_attention(
                 scale,
                 sliding_window or 0,
                 softcap or 0.0,
+                k_scale,
+                v_scale,
             )
             out[g.out_index] = decoded
             continue
@@ -179,9 +211,13 @@ def paged_attention(
         qg = q[p.query_index].transpose(1, 2)  # [B, Hq, max_q, D]
         torch.index_select(k_cache, 0, g.block_index, out=p.key_buffer)
         torch.index_select(v_cache, 0, g.block_index, out=p.value_buffer)
-        # [B, Hkv, ctx, D], in the query's dtype (a bfloat16 cache's values widened)
-        kg = p.key_buffer.view(batch, context, *k_cache.shape[2:]).transpose(1, 2).to(q.dtype)
-        vg = p.value_buffer.view(batch, context, *v_cache.shape[2:]).transpose(1, 2).to(q.dtype)
+        keys, values = p.key_buffer, p.value_buffer
+        if k_cache.dtype == torch.int8:
+            keys = dequantize_heads(keys, k_scale[g.block_index])
+            values = dequantize_heads(values, v_scale[g.block_index])
+        # [B, Hkv, ctx, D], in the query's dtype (a bfloat16 or int8 cache's values widened)
+        kg = keys.view(batch, context, *k_cache.shape[2:]).transpose(1, 2).to(q.dtype)
+        vg = values.view(batch, context, *v_cache.shape[2:]).transpose(1, 2).to(q.dtype)
         og = _attend(qg, kg, vg, p.mask(sliding_window), scale, softcap)
         rows = og.transpose(1, 2).reshape(-1, num_heads, head_dim)
         out[g.out_index] = rows[p.valid]

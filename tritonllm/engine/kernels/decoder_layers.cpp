@@ -19,6 +19,7 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -31,7 +32,7 @@ torch::Tensor quantized_linear_int8(torch::Tensor x, torch::Tensor qweight, torc
 torch::Tensor dequantize(torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins, int64_t bits);
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                      torch::Tensor block_tables, torch::Tensor context_lens, double scale,
-                                     int64_t window, double softcap);
+                                     int64_t window, double softcap, torch::Tensor k_scales, torch::Tensor v_scales);
 
 namespace {
 
@@ -40,6 +41,17 @@ using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kRowsPerTask = 16;  // rows of the element-wise work a thread takes at a time (a prefill's many)
 
 // out = weight * (x / sqrt(mean(x^2) + eps)), row by row.
+// One KV head's vector of `dim` values into an int8 cache: each value over its scale (the largest magnitude / 127),
+// rounded to nearest even, as paged_attention.quantize_heads does in PyTorch.
+void quantize_head(const float* x, int64_t dim, int8_t* out, float* scale) {
+  float largest = 0.f;
+  for (int64_t d = 0; d < dim; ++d) largest = std::max(largest, std::fabs(x[d]));
+  const float s = largest / 127.f;
+  *scale = s;
+  for (int64_t d = 0; d < dim; ++d)
+    out[d] = s > 0.f ? static_cast<int8_t>(std::clamp(std::nearbyint(x[d] / s), -127.f, 127.f)) : 0;
+}
+
 void rms_norm(const torch::Tensor& x, const torch::Tensor& weight, float eps, torch::Tensor& out) {
   const int64_t n = x.size(1);
   const float* w = weight.data_ptr<float>();
@@ -122,6 +134,7 @@ torch::Tensor project(const std::vector<Projection>& parts, const torch::Tensor&
 struct DecoderLayers {
   // Per layer.
   std::vector<torch::Tensor> input_norm, post_norm, k_cache, v_cache;
+  std::vector<torch::Tensor> k_scales, v_scales;  // an int8 cache's, per layer; empty tensors otherwise
   std::vector<std::vector<Projection>> qkv, gate_up;
   std::vector<Projection> o, down;
   int64_t heads, kv_heads, dim;
@@ -146,7 +159,7 @@ struct DecoderLayers {
       rms_norm(x, input_norm[l], static_cast<float>(eps), normed);
       torch::Tensor projected = project(qkv[l], normed, gemm);  // [B, q | k | v]
       float* p = projected.data_ptr<float>();
-      const bool bf16 = k_cache[l].scalar_type() == torch::kBFloat16;
+      const auto kv = k_cache[l].scalar_type();
       // Every row's key and value go into the cache before any row attends: a prompt chunk's later rows see its
       // earlier ones there. A bfloat16 cache takes them rounded to nearest even, as torch's .to() rounds.
       at::parallel_for(0, batch, kRowsPerTask, [&](int64_t first, int64_t last) {
@@ -154,7 +167,15 @@ struct DecoderLayers {
           float* row = p + b * (q_size + 2 * kv_size);
           rotate(row, cos.data_ptr<float>() + b * dim, sin.data_ptr<float>() + b * dim, heads, dim);
           rotate(row + q_size, cos.data_ptr<float>() + b * dim, sin.data_ptr<float>() + b * dim, kv_heads, dim);
-          if (bf16) {
+          if (kv == torch::kChar) {
+            for (int64_t h = 0; h < kv_heads; ++h) {
+              const int64_t cell = slot[b] * kv_heads + h;
+              quantize_head(row + q_size + h * dim, dim, k_cache[l].data_ptr<int8_t>() + cell * dim,
+                            k_scales[l].data_ptr<float>() + cell);
+              quantize_head(row + q_size + kv_size + h * dim, dim, v_cache[l].data_ptr<int8_t>() + cell * dim,
+                            v_scales[l].data_ptr<float>() + cell);
+            }
+          } else if (kv == torch::kBFloat16) {
             std::copy(row + q_size, row + q_size + kv_size, k_cache[l].data_ptr<at::BFloat16>() + slot[b] * kv_size);
             std::copy(row + q_size + kv_size, row + q_size + 2 * kv_size,
                       v_cache[l].data_ptr<at::BFloat16>() + slot[b] * kv_size);
@@ -167,7 +188,8 @@ struct DecoderLayers {
       });
       torch::Tensor q = projected.narrow(1, 0, q_size).contiguous().view({batch, heads, dim});
       torch::Tensor attended =
-          paged_decode_attention(q, k_cache[l], v_cache[l], block_tables, context_lens, scale, 0, 0.0);
+          paged_decode_attention(q, k_cache[l], v_cache[l], block_tables, context_lens, scale, 0, 0.0,
+                                 k_scales[l], v_scales[l]);
       x.add_(o[l](attended.view({batch, q_size}), gemm));
       rms_norm(x, post_norm[l], static_cast<float>(eps), normed);
       silu_and_mul(project(gate_up[l], normed, gemm), activated);
@@ -193,6 +215,8 @@ void bind_decoder_layers(pybind11::module& m) {
       .def_readwrite("down", &DecoderLayers::down)
       .def_readwrite("k_cache", &DecoderLayers::k_cache)
       .def_readwrite("v_cache", &DecoderLayers::v_cache)
+      .def_readwrite("k_scales", &DecoderLayers::k_scales)
+      .def_readwrite("v_scales", &DecoderLayers::v_scales)
       .def_readwrite("heads", &DecoderLayers::heads)
       .def_readwrite("kv_heads", &DecoderLayers::kv_heads)
       .def_readwrite("dim", &DecoderLayers::dim)

@@ -1,8 +1,9 @@
 // Decode attention straight from the paged KV cache: one query token per sequence, keys and values read in
 // place through the block table, so no gathered copy of the context is ever made.
 //
-// The cache holds float32, or bfloat16 (kv_cache_dtype): a bfloat16 value is read as the float32 with its bits
-// in the upper half, so the arithmetic is float32's either way.
+// The cache holds float32, bfloat16 or int8 (kv_cache_dtype): a bfloat16 value is read as the float32 with its
+// bits in the upper half, an int8 one as its float32 times its vector's scale (one per position and KV head), so
+// the arithmetic is float32's, on the values the cache stands for, whatever it holds.
 //
 // Built for the machine it runs on (-march=native): ATen's Vectorized<float> then uses the widest vector unit
 // the compiler targets (AVX-512, AVX2, or plain C++), and its exp is SLEEF's, accurate to 1 ulp.
@@ -23,6 +24,7 @@
 #include <atomic>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 using Vec = at::vec::Vectorized<float>;
@@ -32,6 +34,7 @@ namespace {
 
 inline float to_float(float x) { return x; }
 inline float to_float(BF16 x) { return static_cast<float>(x); }
+inline float to_float(int8_t x) { return static_cast<float>(x); }
 
 inline Vec load_vec(const float* p) { return Vec::loadu(p); }
 inline Vec load_vec(const BF16* p) {
@@ -47,18 +50,51 @@ inline Vec load_vec(const BF16* p) {
   return Vec::loadu(widened);
 #endif
 }
+inline Vec load_vec(const int8_t* p) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return Vec(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))));
+#elif defined(CPU_CAPABILITY_AVX2)
+  return Vec(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))));
+#else
+  float widened[Vec::size()];
+  for (int64_t i = 0; i < Vec::size(); ++i) widened[i] = static_cast<float>(p[i]);
+  return Vec::loadu(widened);
+#endif
+}
+
+// The keys (or values) of consecutive positions of one KV head: position p's vector at data + p * stride. An
+// int8 vector is multiplied by its scale, scales[p * scale_stride], as it is read.
+template <typename KV>
+struct Rows {
+  const KV* data;
+  int64_t stride;
+  const float* scales;
+  int64_t scale_stride;
+
+  Rows from(int64_t p) const {
+    return {data + p * stride, stride, scales ? scales + p * scale_stride : nullptr, scale_stride};
+  }
+  Vec load(int64_t p, int64_t c) const {
+    const Vec v = load_vec(data + p * stride + c);
+    return std::is_same_v<KV, int8_t> ? v * Vec(scales[p * scale_stride]) : v;
+  }
+  float value(int64_t p, int64_t c) const {
+    const float v = to_float(data[p * stride + c]);
+    return std::is_same_v<KV, int8_t> ? v * scales[p * scale_stride] : v;
+  }
+};
 
 float sum_lanes(const Vec& v) {
   return at::vec::vec_reduce_all<float>([](const Vec& x, const Vec& y) { return x + y; }, v);
 }
 
 template <typename KV>
-float dot(const float* a, const KV* b, int64_t n) {
+float dot(const float* a, const Rows<KV>& rows, int64_t p, int64_t n) {
   Vec sum(0.f);
   int64_t i = 0;
-  for (; i + Vec::size() <= n; i += Vec::size()) sum = at::vec::fmadd(Vec::loadu(a + i), load_vec(b + i), sum);
+  for (; i + Vec::size() <= n; i += Vec::size()) sum = at::vec::fmadd(Vec::loadu(a + i), rows.load(p, i), sum);
   float total = sum_lanes(sum);
-  for (; i < n; ++i) total += a[i] * to_float(b[i]);
+  for (; i < n; ++i) total += a[i] * rows.value(p, i);
   return total;
 }
 
@@ -77,12 +113,12 @@ inline __m512 lane_sums(__m512 a, __m512 b) {
                        _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 template <typename KV>
-void run_scores(const float* query, const KV* keys, int64_t stride, int64_t dim, float* out) {
+void run_scores(const float* query, const Rows<KV>& keys, int64_t dim, float* out) {
   __m512 acc[16];
   for (int p = 0; p < 16; ++p) acc[p] = _mm512_setzero_ps();
   for (int64_t c = 0; c < dim; c += 16) {
     const __m512 q = _mm512_loadu_ps(query + c);
-    for (int p = 0; p < 16; ++p) acc[p] = _mm512_fmadd_ps(q, load_vec(keys + p * stride + c), acc[p]);
+    for (int p = 0; p < 16; ++p) acc[p] = _mm512_fmadd_ps(q, keys.load(p, c), acc[p]);
   }
   __m512 pairs[8], quads[4];
   for (int i = 0; i < 8; ++i) pairs[i] = pair_sums(acc[2 * i], acc[2 * i + 1]);
@@ -92,12 +128,12 @@ void run_scores(const float* query, const KV* keys, int64_t stride, int64_t dim,
 #elif defined(__AVX2__) && defined(__FMA__)
 constexpr int64_t kPositions = 8;
 template <typename KV>
-void run_scores(const float* query, const KV* keys, int64_t stride, int64_t dim, float* out) {
+void run_scores(const float* query, const Rows<KV>& keys, int64_t dim, float* out) {
   __m256 acc[8];
   for (int p = 0; p < 8; ++p) acc[p] = _mm256_setzero_ps();
   for (int64_t c = 0; c < dim; c += 8) {
     const __m256 q = _mm256_loadu_ps(query + c);
-    for (int p = 0; p < 8; ++p) acc[p] = _mm256_fmadd_ps(q, load_vec(keys + p * stride + c), acc[p]);
+    for (int p = 0; p < 8; ++p) acc[p] = _mm256_fmadd_ps(q, keys.load(p, c), acc[p]);
   }
   __m256 pairs[4], quads[2];
   for (int i = 0; i < 4; ++i)
@@ -113,29 +149,29 @@ void run_scores(const float* query, const KV* keys, int64_t stride, int64_t dim,
 #else
 constexpr int64_t kPositions = 0;
 template <typename KV>
-void run_scores(const float*, const KV*, int64_t, int64_t, float*) {}
+void run_scores(const float*, const Rows<KV>&, int64_t, float*) {}
 #endif
 
 template <typename KV>
-void block_scores(const float* query, const KV* keys, int64_t count, int64_t stride, int64_t dim, float* out) {
+void block_scores(const float* query, const Rows<KV>& keys, int64_t count, int64_t dim, float* out) {
   int64_t p = 0;
   if (kPositions && dim % kPositions == 0)
-    for (; p + kPositions <= count; p += kPositions) run_scores(query, keys + p * stride, stride, dim, out + p);
-  for (; p < count; ++p) out[p] = dot(query, keys + p * stride, dim);
+    for (; p + kPositions <= count; p += kPositions) run_scores(query, keys.from(p), dim, out + p);
+  for (; p < count; ++p) out[p] = dot(query, keys, p, dim);
 }
 
-// out[0:n] += sum over rows r < count of weights[r] * rows[r * stride : r * stride + n], summed in registers:
-// updating `out` row by row would make every row wait for the previous row's store.
+// out[0:n] += sum over rows r < count of weights[r] * rows r, summed in registers: updating `out` row by row
+// would make every row wait for the previous row's store.
 template <typename KV>
-void accumulate(float* out, const float* weights, const KV* rows, int64_t count, int64_t stride, int64_t n) {
+void accumulate(float* out, const float* weights, const Rows<KV>& rows, int64_t count, int64_t n) {
   int64_t i = 0;
   for (; i + Vec::size() <= n; i += Vec::size()) {
     Vec sum = Vec::loadu(out + i);
-    for (int64_t r = 0; r < count; ++r) sum = at::vec::fmadd(Vec(weights[r]), load_vec(rows + r * stride + i), sum);
+    for (int64_t r = 0; r < count; ++r) sum = at::vec::fmadd(Vec(weights[r]), rows.load(r, i), sum);
     sum.store(out + i);
   }
   for (; i < n; ++i)
-    for (int64_t r = 0; r < count; ++r) out[i] += weights[r] * to_float(rows[r * stride + i]);
+    for (int64_t r = 0; r < count; ++r) out[i] += weights[r] * rows.value(r, i);
 }
 
 // row[0:n] = exp(row - max(row)), with weights below e^-80 made exactly 0: they are lost next to the largest
@@ -170,7 +206,7 @@ float exp_shifted(float* row, int64_t n) {
 template <typename KV>
 void attend_all(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                 const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale, int64_t window,
-                double softcap, torch::Tensor& out) {
+                double softcap, const float* k_scales, const float* v_scales, torch::Tensor& out) {
   const int64_t batch = q.size(0), q_heads = q.size(1), dim = q.size(2);
   const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2);
   const int64_t max_blocks = block_tables.size(1), group = q_heads / kv_heads;
@@ -194,8 +230,10 @@ void attend_all(const torch::Tensor& q, const torch::Tensor& k_cache, const torc
     scores.resize(seen);
     for (int64_t start = first; start < len;) {  // block by block, as the values below
       const int64_t offset = start % block_size, count = std::min(block_size - offset, len - start);
-      const KV* keys = kp + (table[start / block_size] * block_size + offset) * position_stride + head_offset;
-      block_scores(query, keys, count, position_stride, dim, scores.data() + start - first);
+      const int64_t position = table[start / block_size] * block_size + offset;
+      const Rows<KV> keys{kp + position * position_stride + head_offset, position_stride,
+                          k_scales ? k_scales + position * kv_heads + h / group : nullptr, kv_heads};
+      block_scores(query, keys, count, dim, scores.data() + start - first);
       start += count;
     }
     for (int64_t i = 0; i < seen; ++i) {
@@ -207,8 +245,10 @@ void attend_all(const torch::Tensor& q, const torch::Tensor& k_cache, const torc
     // Runs of positions that lie in one block; the first may start mid-block when a window cuts the context.
     for (int64_t start = first; start < len;) {
       const int64_t offset = start % block_size, count = std::min(block_size - offset, len - start);
-      const KV* values = vp + (table[start / block_size] * block_size + offset) * position_stride + head_offset;
-      accumulate(result, scores.data() + start - first, values, count, position_stride, dim);
+      const int64_t position = table[start / block_size] * block_size + offset;
+      const Rows<KV> values{vp + position * position_stride + head_offset, position_stride,
+                            v_scales ? v_scales + position * kv_heads + h / group : nullptr, kv_heads};
+      accumulate(result, scores.data() + start - first, values, count, dim);
       start += count;
     }
     const float inverse = 1.f / total;
@@ -233,18 +273,26 @@ void attend_all(const torch::Tensor& q, const torch::Tensor& k_cache, const torc
   });
 }
 
+// k_scales, v_scales: [num_blocks, block_size, Hkv] float32 for an int8 cache; empty otherwise.
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                      torch::Tensor block_tables, torch::Tensor context_lens, double scale,
-                                     int64_t window, double softcap) {
+                                     int64_t window, double softcap, torch::Tensor k_scales, torch::Tensor v_scales) {
   const auto kv = k_cache.scalar_type();
   TORCH_CHECK(q.scalar_type() == torch::kFloat32, "q: float32 only");
-  TORCH_CHECK((kv == torch::kFloat32 || kv == torch::kBFloat16) && v_cache.scalar_type() == kv,
-              "the KV cache: float32 or bfloat16, keys and values alike");
+  TORCH_CHECK((kv == torch::kFloat32 || kv == torch::kBFloat16 || kv == torch::kChar) && v_cache.scalar_type() == kv,
+              "the KV cache: float32, bfloat16 or int8, keys and values alike");
   TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(), "contiguous inputs only");
   auto out = torch::zeros_like(q);
-  if (kv == torch::kBFloat16)
-    attend_all<BF16>(q, k_cache, v_cache, block_tables, context_lens, scale, window, softcap, out);
-  else
-    attend_all<float>(q, k_cache, v_cache, block_tables, context_lens, scale, window, softcap, out);
+  if (kv == torch::kChar) {
+    TORCH_CHECK(k_scales.scalar_type() == torch::kFloat32 && k_scales.is_contiguous() && v_scales.is_contiguous() &&
+                    k_scales.numel() * k_cache.size(3) == k_cache.numel() && v_scales.sizes() == k_scales.sizes(),
+                "an int8 cache: float32 scales [num_blocks, block_size, Hkv] for keys and values");
+    attend_all<int8_t>(q, k_cache, v_cache, block_tables, context_lens, scale, window, softcap,
+                       k_scales.data_ptr<float>(), v_scales.data_ptr<float>(), out);
+  } else if (kv == torch::kBFloat16) {
+    attend_all<BF16>(q, k_cache, v_cache, block_tables, context_lens, scale, window, softcap, nullptr, nullptr, out);
+  } else {
+    attend_all<float>(q, k_cache, v_cache, block_tables, context_lens, scale, window, softcap, nullptr, nullptr, out);
+  }
   return out;
 }
