@@ -326,9 +326,10 @@ class TritonServer:
             return []
         if self.process.poll() is not None:
             return [f"tritonserver (exit code {self.process.returncode})"]
-        for pid in _children(self.process.pid):
-            if pid not in self._stubs:
-                self._stubs[pid], self._stub_models[pid] = _stub_shm_region(pid), _stub_model(pid)
+        if self.load_at_start is not None:  # models come and go (explicit model control): watch the new stubs too
+            for pid in _children(self.process.pid):
+                if pid not in self._stubs:
+                    self._stubs[pid], self._stub_models[pid] = _stub_shm_region(pid), _stub_model(pid)
         # a dead stub is gone, or a zombie with no command line, or its pid now someone else's
         gone = [pid for pid, region in self._stubs.items() if region and _stub_shm_region(pid) != region]
         if not gone:
