@@ -183,7 +183,7 @@ def rerank_name(args: argparse.Namespace) -> str | None:
     """The reranker's name in /v1/rerank and /v1/score: --rerank-model-name, else its folder's; None without one."""
     if args.rerank_model_name:
         return args.rerank_model_name
-    return Path(args.rerank_model_dir).name if getattr(args, "rerank_model_dir", None) else None
+    return Path(args.rerank_model_dir).name if args.rerank_model_dir else None
 
 
 def llms_of(args: argparse.Namespace) -> list:

@@ -6,9 +6,7 @@ together. The OpenAI SDKs ask for base64 unless told otherwise, so both encoding
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import re
 import uuid
 from typing import Annotated, Literal
 
@@ -18,12 +16,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import APIError, json_body
-from .generation import until_disconnected
 from .openai_protocol import MAX_TEXT_CHARS
+from .row_chunks import in_chunks
 from .settings import ShimSettings
-from .triton_client import TritonRequestError, TritonUnavailable
 
-CHUNK_ROWS = 64  # the embedding model's max_batch_size
 MAX_INPUTS = 2048  # as OpenAI's API
 
 
@@ -63,22 +59,8 @@ def build_router(settings: ShimSettings) -> APIRouter:
         if sum(len(t) for t in texts) + len(body.instruction or "") > MAX_TEXT_CHARS:
             raise APIError(413, f"input is over {MAX_TEXT_CHARS} characters", "input")
         client = request.app.state.triton
-
-        async def embed(start: int) -> tuple[np.ndarray, np.ndarray]:
-            try:
-                return await client.embed(texts[start : start + CHUNK_ROWS], body.instruction)
-            except TritonRequestError as e:
-                # the model names the row of its chunk; the caller knows the index in `input`
-                error = APIError.refused(e)
-                in_input = lambda m: f"input[{start + int(m[1])}]"  # noqa: E731
-                error.message = re.sub(r"text_input\[(\d+)\]", in_input, error.message)
-                error.param = re.sub(r"text_input\[(\d+)\]", in_input, error.param or "input")
-                raise error from e
-            except TritonUnavailable as e:
-                raise APIError(503, str(e)) from e
-
-        starts = range(0, len(texts), CHUNK_ROWS)
-        results = await until_disconnected(request, asyncio.gather(*(embed(start) for start in starts)))
+        embed = lambda start, end: client.embed(texts[start:end], body.instruction)  # noqa: E731
+        results = await in_chunks(request, len(texts), embed, "text_input", "input")
         vectors = np.concatenate([v for v, _ in results])
         if body.dimensions is not None and body.dimensions != vectors.shape[1]:
             raise APIError(400, f"dimensions must be {vectors.shape[1]} for {body.model!r} (or left out)", "dimensions")

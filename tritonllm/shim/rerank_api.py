@@ -7,8 +7,6 @@ Rerank: a query and its documents (strings, or Jina's and Cohere's {"text": ...}
 
 from __future__ import annotations
 
-import asyncio
-import re
 import time
 import uuid
 from typing import Annotated
@@ -19,12 +17,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import APIError, json_body
-from .generation import until_disconnected
 from .openai_protocol import MAX_TEXT_CHARS
+from .row_chunks import in_chunks
 from .settings import ShimSettings
-from .triton_client import TritonRequestError, TritonUnavailable
 
-CHUNK_ROWS = 64  # the reranker model's max_batch_size
 MAX_PAIRS = 1024
 
 
@@ -73,23 +69,8 @@ def build_router(settings: ShimSettings) -> APIRouter:
         if sum(map(len, queries)) + sum(map(len, documents)) > MAX_TEXT_CHARS:
             raise APIError(413, f"the texts are over {MAX_TEXT_CHARS} characters", field)
         client = request.app.state.triton
-
-        async def chunk(start: int) -> tuple[np.ndarray, np.ndarray]:
-            end = start + CHUNK_ROWS
-            try:
-                return await client.score(queries[start:end], documents[start:end])
-            except TritonRequestError as e:
-                error = APIError.refused(e)
-                named = lambda m: f"{field}[{start + int(m[1])}]"  # noqa: E731
-                error.message = re.sub(r"document\[(\d+)\]", named, error.message)
-                error.param = re.sub(r"document\[(\d+)\]", named, error.param or field)
-                raise error from e
-            except TritonUnavailable as e:
-                raise APIError(503, str(e)) from e
-
-        parts = await until_disconnected(
-            request, asyncio.gather(*(chunk(s) for s in range(0, len(queries), CHUNK_ROWS)))
-        )
+        score = lambda start, end: client.score(queries[start:end], documents[start:end])  # noqa: E731
+        parts = await in_chunks(request, len(queries), score, "document", field)
         return np.concatenate([s for s, _ in parts]), int(sum(int(n.sum()) for _, n in parts))
 
     async def rerank(

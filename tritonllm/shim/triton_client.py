@@ -338,6 +338,11 @@ def _scalar(wire: str, value) -> np.ndarray:
     return np.array([[value]], dtype=NUMPY_TYPES[wire])
 
 
+def _text_rows(texts: list[str]) -> np.ndarray:
+    """[rows, 1] BYTES, a text a row (a batched model's input)."""
+    return np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_)
+
+
 def _bytes(text: str) -> np.ndarray:
     return np.array([[text.encode("utf-8")]], dtype=np.object_)
 
@@ -528,7 +533,7 @@ class TritonLLMClient:
 
     async def embed(self, texts: list[str], instruction: str | None) -> tuple[np.ndarray, np.ndarray]:
         """Each text's vector [rows, dimension] and token count [rows] from the `embedding` model."""
-        rows = np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_)
+        rows = _text_rows(texts)
         inputs = [_infer_input("text_input", "BYTES", rows)]
         if instruction:
             inputs.append(_infer_input("instruction", "BYTES", np.full_like(rows, instruction.encode("utf-8"))))
@@ -537,11 +542,11 @@ class TritonLLMClient:
 
     async def score(self, queries: list[str], documents: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Each (query, document) pair's relevance [rows] and token count [rows] from the `reranker` model."""
-        rows = [
-            _infer_input(name, "BYTES", np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_))
-            for name, texts in (("query", queries), ("document", documents))
+        inputs = [
+            _infer_input("query", "BYTES", _text_rows(queries)),
+            _infer_input("document", "BYTES", _text_rows(documents)),
         ]
-        result = await self._infer(RERANKER, rows)
+        result = await self._infer(RERANKER, inputs)
         return result.as_numpy("score").reshape(-1), result.as_numpy("num_input_tokens").reshape(-1)
 
     async def tokenize(self, request: TokenizeRequest) -> Tokenized:

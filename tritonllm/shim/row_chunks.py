@@ -1,0 +1,39 @@
+"""Rows for a batched Triton model (the embedder, the reranker), sent in chunks of its max_batch_size all at
+once: Triton's dynamic batcher joins what arrives together. The model's errors name a row of their chunk; the
+answer names it by its place in the request's field."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable, Callable
+
+from fastapi import Request
+
+from .errors import APIError
+from .generation import until_disconnected
+from .triton_client import TritonRequestError, TritonUnavailable
+
+CHUNK_ROWS = 64  # the embedding and reranker models' max_batch_size
+
+
+async def in_chunks(
+    request: Request, rows: int, call: Callable[[int, int], Awaitable], tensor: str, field: str
+) -> list:
+    """`call(start, end)` for each chunk of `rows`, at once; their results in order. An error naming `tensor`[i]
+    of a chunk names `field`[start + i]; Triton out of reach is a 503."""
+
+    async def chunk(start: int):
+        try:
+            return await call(start, start + CHUNK_ROWS)
+        except TritonRequestError as e:
+            error = APIError.refused(e)
+            named = lambda m: f"{field}[{start + int(m[1])}]"  # noqa: E731
+            pattern = rf"{re.escape(tensor)}\[(\d+)\]"
+            error.message = re.sub(pattern, named, error.message)
+            error.param = re.sub(pattern, named, error.param or field)
+            raise error from e
+        except TritonUnavailable as e:
+            raise APIError(503, str(e)) from e
+
+    return await until_disconnected(request, asyncio.gather(*(chunk(s) for s in range(0, rows, CHUNK_ROWS))))
