@@ -25,6 +25,25 @@ _COMMON = dict(
 ARCHITECTURES: dict[str, tuple[str, dict]] = {
     "llama": ("LlamaConfig", {}),
     "llama_biased": ("LlamaConfig", {"attention_bias": True}),  # biases on q/k/v and o
+    # Llama 3.1's rope: frequencies scaled by band, as transformers' rope function computes them
+    "llama3_rope": (
+        "LlamaConfig",
+        {
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            }
+        },
+    ),
+    # tables recomputed past max_position_embeddings: built by transformers, not llama_model.py
+    "llama_dynamic_rope": (
+        "LlamaConfig",
+        {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}},
+    ),
     "mistral": ("MistralConfig", {"sliding_window": WINDOW}),
     "qwen2": ("Qwen2Config", {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1}),
     "qwen2_full": ("Qwen2Config", {}),  # every layer global; biases on q/k/v only

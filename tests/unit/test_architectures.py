@@ -13,8 +13,9 @@ import transformers
 from architectures import ARCHITECTURES, WINDOW, build_architecture
 from oracles import greedy_ids
 
-from tritonllm.engine import cpu_kernels, native_decode, paged_attention
+from tritonllm.engine import cpu_kernels, llama_model, native_decode, paged_attention
 from tritonllm.engine.engine import EngineConfig, LLMEngine
+from tritonllm.engine.llama_model import ModelConfig
 from tritonllm.engine.model_check import UnsupportedModelError
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import Sequence
@@ -44,6 +45,8 @@ def engine_outputs(model_dir, prompt_list: list[list[int]], native: bool = True)
     engine = LLMEngine(EngineConfig(str(model_dir), num_kv_blocks=64, block_size=8, max_num_batched_tokens=24))
     runner = engine.runner
     assert runner.native_decode is native
+    # the Llama family is built without transformers' model code wherever the native kernels run
+    assert runner.transformers is not (native and llama_model.why_not(ModelConfig.read(model_dir), model_dir) is None)
     stack = native and native_decode.why_not(runner.model) is None
     assert (runner.decoder_stack is not None) is stack, native_decode.why_not(runner.model)
     seqs = [Sequence(p, SamplingParams(max_tokens=NEW_TOKENS)) for p in prompt_list]

@@ -101,6 +101,7 @@ def test_greedy_with_ngram_drafts_equals_generate(tiny_model_dir, hf_model, max_
     engine = make_engine(
         tiny_model_dir, speculative="ngram", prompt_lookup_min=1, max_num_batched_tokens=max_num_batched_tokens
     )
+    engine.step_cost.token_share = lambda tokens: 0.1  # how many drafts pay, not the machine's step times
     plain = [Sequence(p, SamplingParams(max_tokens=24)) for p in prompts]
     looping = [Sequence(p, looping_params(24)) for p in prompts]
     run(engine, [*plain, *looping], arrive_every=2)

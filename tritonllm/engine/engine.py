@@ -38,10 +38,8 @@ class StepOutput:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
-        from transformers import AutoConfig
-
         self.config = config
-        shape = ModelShape.of(AutoConfig.from_pretrained(config.model_dir))
+        shape = ModelShape.of_dir(config.model_dir)
         dtype = resolve_dtype_name(config.dtype, resolve_device(config.device))
         kv_dtype = dtype if config.kv_cache_dtype == "auto" else config.kv_cache_dtype
         per_block = KVCache.block_bytes(

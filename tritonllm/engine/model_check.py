@@ -51,15 +51,24 @@ def check_config(config) -> None:
         raise UnsupportedModelError(f"{config.model_type} model with " + "; ".join(problems))
 
 
-def check_against_eager(runner: ModelRunner) -> None:
-    """Runs the probe; raises UnsupportedModelError where the paged path is not the model's own attention."""
+def probe_ids(runner: ModelRunner) -> list[int]:
+    """The probe prompt: as long as the cache and the model allow, up to PROBE_TOKENS."""
     blocks, shape = runner.blocks, runner.shape
     length = min(PROBE_TOKENS, blocks.num_blocks * blocks.block_size, shape.max_position_embeddings)
-    ids = [(i * 7919 + 11) % shape.vocab_size for i in range(length)]
+    return [(i * 7919 + 11) % shape.vocab_size for i in range(length)]
+
+
+def check_against_eager(runner: ModelRunner, reference: torch.Tensor | None = None) -> None:
+    """Runs the probe; raises UnsupportedModelError where the paged path is not the model's own attention.
+    `reference`: transformers' eager logits on probe_ids, computed elsewhere (for a model built without
+    transformers, llama_model.py); else they are computed here on the runner's model."""
+    shape = runner.shape
+    ids = probe_ids(runner)
+    length = len(ids)
     probe = LayerProbe()
     try:
         paged = _paged_logits(runner, ids, probe)
-        eager = _eager_logits(runner.model, ids)
+        eager = reference if reference is not None else _eager_logits(runner.model, ids)
     except Exception as e:
         raise UnsupportedModelError(f"the paged attention cannot run this model: {type(e).__name__}: {e}") from e
     missing = sorted(set(range(shape.num_layers)) - probe.layers)
@@ -71,8 +80,7 @@ def check_against_eager(runner: ModelRunner) -> None:
         named = ", ".join(f"{name} (layers {sorted(layers)})" for name, layers in sorted(probe.unsupported.items()))
         raise UnsupportedModelError(f"attention arguments the paged attention does not implement: {named}")
     difference = (paged - eager).abs().max().item()
-    # a cache of lower precision than the weights rounds every key and value it holds
-    allowed = max(TOLERANCE[runner.dtype], TOLERANCE[runner.kv_dtype]) * eager.abs().max().item()
+    allowed = _allowed(runner, eager)
     if not difference <= allowed:
         raise UnsupportedModelError(
             f"the paged attention's logits differ from transformers' eager attention by {difference:.3g} "
@@ -84,6 +92,11 @@ def check_against_eager(runner: ModelRunner) -> None:
         if not gap <= allowed:
             log.warning("the native decoder stack's logits differ from transformers' by %.3g: not used", gap)
             runner.decoder_stack = None
+
+
+def _allowed(runner: ModelRunner, eager: torch.Tensor) -> float:
+    # a cache of lower precision than the weights rounds every key and value it holds
+    return max(TOLERANCE[runner.dtype], TOLERANCE[runner.kv_dtype]) * eager.abs().max().item()
 
 
 def _paged_logits(runner: ModelRunner, ids: list[int], probe: LayerProbe | None) -> torch.Tensor:

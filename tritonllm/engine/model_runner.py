@@ -13,11 +13,14 @@ from ..runtime.freed_heap import return_freed_heap
 from . import (
     cpu_kernels,
     fused_projections,
+    llama_model,
     lora,
     model_check,
     native_decode,
     native_linear,
+    paged_attention,
     quantized_linear,
+    reference_logits,
     tensor_parallel,
     weight_memory,
 )
@@ -27,6 +30,24 @@ from .scheduler import ScheduledChunk
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 log = logging.getLogger(__name__)
+
+
+def _transformers_model(model_dir: str | Path, dtype: torch.dtype) -> torch.nn.Module:
+    """The model as transformers builds it, its attention swapped for the paged one."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_check.check_config(AutoConfig.from_pretrained(model_dir))
+    paged_attention.register()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
+    except (ValueError, KeyError) as e:  # an architecture whose attention cannot be swapped for another
+        if ATTN_IMPLEMENTATION not in str(e) and "attention" not in str(e):
+            raise
+        raise model_check.UnsupportedModelError(
+            f"its attention does not go through transformers' AttentionInterface, so the paged attention "
+            f"cannot replace it ({type(e).__name__}: {e})"
+        ) from e
+    return model.eval()
 
 
 def resolve_device(name: str) -> torch.device:
@@ -58,6 +79,17 @@ class ModelShape:
     head_dim: int
     vocab_size: int
     max_position_embeddings: int
+
+    @classmethod
+    def of_dir(cls, model_dir: str | Path) -> ModelShape:
+        """From config.json; through transformers' config classes for the architectures not built here (theirs
+        may nest or derive the fields)."""
+        config = llama_model.ModelConfig.read(Path(model_dir))
+        if config.architecture not in llama_model.ARCHITECTURES:
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(model_dir)
+        return cls.of(config)
 
     @classmethod
     def of(cls, config) -> ModelShape:
@@ -102,28 +134,51 @@ class ModelRunner:
         """`place`: this process's rank, for ranks 1.. of a tensor-parallel engine (tensor_parallel.py); rank 0,
         the engine's own process, gives `tensor_parallel_size` and starts the others. `int8_activations`: the
         GGUF blocks multiply 8-bit inputs (quantized_linear.py). `kv_cache_dtype`: the KV cache's (None: dtype's)."""
-        from transformers import AutoConfig, AutoModelForCausalLM
-
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
         self.kv_dtype_name = kv_cache_dtype or dtype
         self.kv_dtype = torch.int8 if self.kv_dtype_name == "int8" else resolve_dtype(self.kv_dtype_name)
-        model_check.check_config(AutoConfig.from_pretrained(model_dir))
-        try:
-            self.model = AutoModelForCausalLM.from_pretrained(
-                model_dir, dtype=self.dtype, attn_implementation=ATTN_IMPLEMENTATION
-            ).to(self.device)
-        except (ValueError, KeyError) as e:  # an architecture whose attention cannot be swapped for another
-            if ATTN_IMPLEMENTATION not in str(e) and "attention" not in str(e):
-                raise
-            raise model_check.UnsupportedModelError(
-                f"its attention does not go through transformers' AttentionInterface, so the paged attention "
-                f"cannot replace it ({type(e).__name__}: {e})"
-            ) from e
-        self.model.eval()
+        self.blocks = blocks
         # the native kernels (quantized matmuls, decode attention) take float32 on CPU
-        native = self.device.type == "cpu" and self.dtype == torch.float32 and cpu_kernels.native() is not None
+        cpu_float32 = self.device.type == "cpu" and self.dtype == torch.float32
+        self.native_decode = cpu_float32 and cpu_kernels.native() is not None
         world = place.world if place is not None else tensor_parallel_size
+        config = llama_model.ModelConfig.read(Path(model_dir))
+        model_check.check_config(config)
+        without_transformers = llama_model.why_not(config, Path(model_dir))
+        if not self.native_decode or world > 1:
+            without_transformers = "tensor parallel, and devices other than the CPU in float32, need it"
+        if without_transformers is None:
+            try:
+                self._load(model_dir, config, gguf_file, int8_activations, enable_lora)
+                return
+            except (model_check.UnsupportedModelError, KeyError, RuntimeError) as e:
+                without_transformers = f"{type(e).__name__}: {e}"
+        log.info("the model runs through transformers' modules: %s", without_transformers)
+        self._load(model_dir, None, gguf_file, int8_activations, enable_lora, world, place, dtype)
+
+    def _load(
+        self,
+        model_dir: str | Path,
+        config: llama_model.ModelConfig | None,
+        gguf_file: Path | None,
+        int8_activations: bool,
+        enable_lora: bool = False,
+        world: int = 1,
+        place: tensor_parallel.Place | None = None,
+        dtype: str = "float32",
+    ) -> None:
+        """Builds the model: with `config`, without transformers (llama_model.py), else through it."""
+        self.transformers = config is None
+        self.reference = None
+        if config is None:
+            self.model = _transformers_model(model_dir, self.dtype).to(self.device)
+            config = self.model.config
+        self.shape = ModelShape.of(config)
+        if not self.transformers:
+            self.reference = reference_logits.reference(Path(model_dir), model_check.probe_ids(self), gguf_file)
+            rotary = llama_model.RotaryEmbedding(self.reference.inv_freq, self.reference.attention_scaling)
+            self.model = llama_model.LlamaModel.load(Path(model_dir), rotary)
         self.quantized_layers = 0
         self.lora = None
         self.decoder_stack: native_decode.NativeDecode | None = None
@@ -133,8 +188,11 @@ class ModelRunner:
             if gguf_file is not None or enable_lora:
                 log.info("tensor_parallel_size=%d: the weights run dequantized, and LoRA is off", world)
         else:
-            if gguf_file is not None and native:
-                self.quantized_layers = quantized_linear.quantize_from_gguf(self.model, gguf_file, int8_activations)
+            if gguf_file is not None and self.native_decode:
+                layout = self.reference.gguf_layout if self.reference else None
+                self.quantized_layers = quantized_linear.quantize_from_gguf(
+                    self.model, gguf_file, int8_activations, layout
+                )
             fast_linears = native_linear.available(self.device, self.dtype)
             fused_projections.fuse(self.model, fast_linears)
             if fast_linears:
@@ -145,15 +203,12 @@ class ModelRunner:
         self.int8_activations = int8_activations and self.quantized_layers > 0
         if int8_activations and not self.int8_activations:
             log.info("int8_activations: no layer keeps GGUF blocks here, so every input stays float32")
-        self.shape = ModelShape.of(self.model.config)
-        self.native_decode = native
-        self.blocks = blocks
         if place is None:  # the engine's process checks the model whole, before any split
             self.cache = self._allocate_cache()
             with quantized_linear.float_inputs(self.model):
-                if world == 1 and native:
+                if world == 1 and self.native_decode:
                     self._use_decoder_stack()
-                model_check.check_against_eager(self)
+                model_check.check_against_eager(self, self.reference.logits if self.reference else None)
             if self.int8_activations and self.decoder_stack is not None:
                 self._use_decoder_stack()  # checked, now built again with the 8-bit inputs it serves with
         if world > 1:
@@ -266,7 +321,7 @@ class ModelRunner:
             self.cache.copy_blocks(step.copies)
         if step.native_rows is not None:
             return self.decoder_stack.logits(
-                step.inputs["input_ids"], step.position_ids, step.slot_mapping, *step.native_rows, step.logits_to_keep
+                step.inputs, step.position_ids, step.slot_mapping, *step.native_rows, step.logits_to_keep
             )
         batch = PagedBatch(cache=self.cache, slot_mapping=step.slot_mapping, groups=step.groups, probe=probe)
         out = self.model(
@@ -279,10 +334,10 @@ class ModelRunner:
         return out.logits[0].float()
 
     def _native_serves(self, chunks: list[ScheduledChunk], probe: LayerProbe | None) -> bool:
-        """Whether the native decoder stack runs these chunks: token ids only, the model's own weights."""
+        """Whether the native decoder stack runs these chunks: the model's own weights, no adapter."""
         if self.decoder_stack is None or probe is not None:  # one rank only: tensor parallel builds no stack
             return False
-        return all(c.seq.prompt_table is None and c.seq.adapter is None for c in chunks)
+        return all(c.seq.adapter is None for c in chunks)
 
     def _native_rows(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor, torch.Tensor]:
         """Each fed token as a query of its own: its sequence's block table, and the context it sees (its own

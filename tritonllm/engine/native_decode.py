@@ -10,8 +10,8 @@ rotary module, so every rope scaling it knows applies), the final norm and the o
 
 It serves only what it computes exactly as transformers does: the architectures named in ARCHITECTURES, on CPU
 in float32, with float32 weights (the q/k/v and gate/up projections fused, fused_projections.py) or GGUF blocks
-(quantized_linear.py), no sliding window, and SiLU; a step with anything else (prompt tables, a LoRA adapter,
-the load-time probe) goes through transformers. At load, the model check runs a prefill and a decode step both
+(quantized_linear.py), no sliding window, and SiLU; a step with anything else (a LoRA adapter, the load-time
+probe) goes through transformers. At load, the model check runs a prefill and a decode step both
 ways and keeps the native stack only when the logits agree to float32's rounding.
 """
 
@@ -23,6 +23,7 @@ import torch
 
 from . import cpu_kernels, quantized_linear
 from .fused_projections import SiblingLinear
+from .llama_model import ARCHITECTURES
 from .lora import LoraLinear
 from .native_linear import NATIVE_ROWS, NativeLinear
 from .paged_attention import KVCache
@@ -30,15 +31,14 @@ from .quantized_linear import GEMM_ROWS, QuantizedLinear
 
 log = logging.getLogger(__name__)
 
-ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"})
-NORMS = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"})
+NORMS = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "RMSNorm"})
 PROJECTIONS = (SiblingLinear, NativeLinear, QuantizedLinear)
 _NO_BIAS = torch.empty(0)
 
 
 def why_not(model: torch.nn.Module) -> str | None:
     """None when the native stack computes this (loaded, fused) model's decoder layers exactly; else the reason."""
-    name = type(model).__name__
+    name = getattr(model, "architecture", type(model).__name__)  # llama_model's, or transformers' class
     if name not in ARCHITECTURES:
         return f"{name} is not one of {sorted(ARCHITECTURES)}"
     config = model.config
@@ -90,17 +90,18 @@ class NativeDecode:
 
     def logits(
         self,
-        input_ids: torch.Tensor,
+        inputs: dict[str, torch.Tensor],
         position_ids: torch.Tensor,
         slots: torch.Tensor,
         block_tables: torch.Tensor,
         context_lens: torch.Tensor,
         keep: torch.Tensor,
     ) -> torch.Tensor:
-        """float32 logits of the rows `keep` of the step's fed tokens (input_ids, position_ids [1, T]); each token's
-        row of block_tables [T, max_blocks] is its sequence's, context_lens [T] its position + 1."""
+        """float32 logits of the rows `keep` of the step's fed tokens (`inputs`: input_ids [1, T], or inputs_embeds
+        [1, T, hidden] where a prompt table gives rows; position_ids [1, T]); each token's row of block_tables
+        [T, max_blocks] is its sequence's, context_lens [T] its position + 1."""
         inner = self.model.model
-        hidden = inner.embed_tokens(input_ids)
+        hidden = inputs["inputs_embeds"] if "inputs_embeds" in inputs else inner.embed_tokens(inputs["input_ids"])
         cos, sin = inner.rotary_emb(hidden, position_ids)
         out = self.stack.forward(hidden[0], cos[0].contiguous(), sin[0].contiguous(), slots, block_tables, context_lens)
         return self.model.lm_head(inner.norm(out)[keep])

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
 
 from . import cpu_kernels
 
@@ -234,4 +233,10 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     return scores.softmax(-1, dtype=torch.float32).to(q.dtype) @ v.repeat_interleave(groups, 1)
 
 
-AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention)
+def register() -> None:
+    """Names this attention to transformers, for a model loaded through it: imported here, transformers' model code
+    would cost every llm process 130 MB, also those that run the model without it (llama_model.py)."""
+    from transformers import AttentionInterface
+
+    if ATTN_IMPLEMENTATION not in AttentionInterface():  # a test may have put its own in place
+        AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention)

@@ -250,15 +250,35 @@ class QuantizedEmbedding(torch.nn.Module):
         return table.rows(ids.reshape(-1)).dequantize().view(*ids.shape, self.embedding_dim)
 
 
-def quantize_from_gguf(model: torch.nn.Module, gguf_file: Path, int8_activations: bool = False) -> int:
-    """Swaps the model's nn.Linear layers for QuantizedLinear ones built from the GGUF file the model was
-    dequantized from, and its input embedding for a QuantizedEmbedding where the file keeps it in blocks;
-    returns how many linear layers were swapped."""
+# each of the file's matrices: the model's name for it, and the model's order of its rows (None: the file's)
+GGUFLayout = dict[str, tuple[str, list[int] | None]]
+
+
+def gguf_layout(model: torch.nn.Module, gguf_file: Path) -> GGUFLayout:
+    """Where the file's matrices go in the model, as transformers maps and reorders them when it dequantizes the
+    file (llama.cpp's converter permutes the rows of Llama's q and k projections)."""
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     architecture, tensors = gguf.read_tensors(gguf_file)
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=model.config.to_dict())
     hf_names = gguf_to_hf_names(model, processor)
+    layout = {}
+    for tensor in tensors:
+        if tensor.name in hf_names and tensor.data.ndim == 2:
+            rows = tensor.data.shape[0]
+            order = processor.process(np.arange(rows)[:, None], tensor.name).weights[:, 0].tolist()
+            layout[tensor.name] = (hf_names[tensor.name], None if order == list(range(rows)) else order)
+    return layout
+
+
+def quantize_from_gguf(
+    model: torch.nn.Module, gguf_file: Path, int8_activations: bool = False, layout: GGUFLayout | None = None
+) -> int:
+    """Swaps the model's nn.Linear layers for QuantizedLinear ones built from the GGUF file the model was
+    dequantized from, and its input embedding for a QuantizedEmbedding where the file keeps it in blocks;
+    returns how many linear layers were swapped. `layout`: gguf_layout's, where the caller has it already."""
+    layout = layout if layout is not None else gguf_layout(model, gguf_file)
+    _, tensors = gguf.read_tensors(gguf_file)
     linears = {
         f"{name}.weight": (module, name)
         for name, module in model.named_modules()
@@ -273,7 +293,7 @@ def quantize_from_gguf(model: torch.nn.Module, gguf_file: Path, int8_activations
     verdict = json.loads(verdict_file.read_text()) if verdict_file and verdict_file.is_file() else None
     swapped, refused, other_formats = 0, [], Counter()
     for tensor in tensors:
-        hf_name = hf_names.get(tensor.name)
+        hf_name, order = layout.get(tensor.name, (None, None))
         key = hf_name if hf_name in linears else by_weight.get(id(params.get(hf_name)))
         embeds = type(embedding) is torch.nn.Embedding and hf_name == f"{embedding_name}.weight"
         if key is None and not embeds:
@@ -285,8 +305,8 @@ def quantize_from_gguf(model: torch.nn.Module, gguf_file: Path, int8_activations
             continue
         name = linears[key][1] if key else embedding_name
         weight = (linears[key][0] if key else embedding).weight.detach()
-        order = processor.process(np.arange(blocks.shape[0])[:, None], tensor.name).weights[:, 0]
-        blocks = blocks.rows(np.ascontiguousarray(order))
+        if order is not None:
+            blocks = blocks.rows(np.asarray(order))
         checked = verdict is None
         if blocks.shape != tuple(weight.shape) or (
             not torch.equal(blocks.dequantize(), weight) if checked else name in verdict["refused"]

@@ -19,17 +19,16 @@ import dataclasses
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ..runtime.interpreter import python_executable
 from .model_check import UnsupportedModelError
 
 ATTENTION = ("q_proj", "k_proj", "v_proj")
@@ -141,7 +140,7 @@ class Group:
         torch.set_num_threads(threads)
         workers = [
             subprocess.Popen(
-                [_python(), "-m", __name__, f"--rank={rank}", f"--world={world}", f"--port={place.port}"]
+                [python_executable(), "-m", __name__, f"--rank={rank}", f"--world={world}", f"--port={place.port}"]
                 + [f"--threads={threads}", *worker_args]
             )
             for rank in range(1, world)
@@ -199,12 +198,6 @@ def _moved(value, device: torch.device):
     if isinstance(value, dict):
         return {k: _moved(v, device) for k, v in value.items()}
     return value
-
-
-def _python() -> str:
-    """This environment's interpreter: inside Triton's Python backend, sys.executable is the backend's stub."""
-    candidate = Path(sys.prefix) / "bin" / "python3"
-    return str(candidate) if candidate.exists() else sys.executable
 
 
 def _free_port() -> int:

@@ -1,0 +1,88 @@
+"""What a model built without transformers (llama_model.py) takes from transformers, computed in a short-lived
+process so that the llm process never imports its model code: the logits of transformers' own eager forward pass
+on the load check's probe prompt, the rotary frequencies of the model's rope type, and where a GGUF file's
+matrices go in the model.
+
+Kept between starts, keyed by the model's files, the probe, the GGUF file and the versions that compute it: a
+start with a warm cache reads a file instead of spending seconds in a second interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+import torch
+
+from ..runtime.interpreter import python_executable
+from ..tokenizer import model_cache
+from . import quantized_linear
+
+TIMEOUT_S = 600
+
+
+@dataclass
+class Reference:
+    logits: torch.Tensor  # float32 [len(ids), vocab]
+    inv_freq: torch.Tensor
+    attention_scaling: float
+    gguf_layout: quantized_linear.GGUFLayout | None
+
+
+def reference(model_dir: Path, ids: list[int], gguf_file: Path | None) -> Reference:
+    cached = _cache_file(model_dir, ids, gguf_file)
+    if not cached.is_file():
+        command = [python_executable(), "-m", __name__, f"--model-dir={model_dir}", f"--ids={json.dumps(ids)}"]
+        command += [f"--out={cached}"] + ([f"--gguf-file={gguf_file}"] if gguf_file else [])
+        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"transformers' reference run failed: {done.stderr.strip()[-2000:]}")
+    return Reference(**torch.load(cached, weights_only=True))
+
+
+def _cache_file(model_dir: Path, ids: list[int], gguf_file: Path | None) -> Path:
+    files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in Path(model_dir).iterdir() if p.is_file())
+    source = [str(gguf_file.resolve()), gguf_file.stat().st_size, gguf_file.stat().st_mtime_ns] if gguf_file else []
+    code = [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in (__file__, quantized_linear.__file__)]
+    identity = [str(Path(model_dir).resolve()), files, ids, source, code]
+    identity += [version(package) for package in ("torch", "transformers", "gguf")]
+    key = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:32]
+    return model_cache.cache_dir() / f"{key}.reference_logits.pt"
+
+
+@torch.inference_mode()
+def compute(model_dir: Path, ids: list[int], gguf_file: Path | None) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()
+    rotary = model.model.rotary_emb
+    return {
+        "logits": logits,
+        "inv_freq": rotary.inv_freq.float(),
+        "attention_scaling": float(rotary.attention_scaling),
+        "gguf_layout": quantized_linear.gguf_layout(model, gguf_file) if gguf_file else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-dir", type=Path, required=True)
+    parser.add_argument("--ids", type=json.loads, required=True)
+    parser.add_argument("--gguf-file", type=Path)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    computed = compute(args.model_dir, args.ids, args.gguf_file)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    partial = args.out.with_name(f"{args.out.name}.partial")
+    torch.save(computed, partial)
+    partial.replace(args.out)  # a reader never sees half a file
+
+
+if __name__ == "__main__":
+    main()
