@@ -13,7 +13,6 @@ import json
 import re
 
 import llguidance
-import llguidance.hf
 import llguidance.numpy
 import numpy as np
 import torch
@@ -28,6 +27,8 @@ class GrammarCompiler:
     """Built once per model from its tokenizer."""
 
     def __init__(self, tokenizer) -> None:
+        import llguidance.hf  # imports transformers (26 MB): only where guided decoding is asked for
+
         self.tokenizer = llguidance.hf.from_tokenizer(tokenizer)
         # llguidance never matches a special token against text, so a Lark string that spells one (a tool-call
         # tag such as Qwen's "<tool_call>") is read as that token: grammars need not know the vocabulary.
