@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import torch
+from conftest import PROJECT_ROOT
 
 from tritonllm.engine import llama_model
 from tritonllm.engine.sampling_params import SamplingParams
@@ -46,6 +47,33 @@ def test_the_llm_process_answers_without_importing_transformers(tiny_model_dir, 
     assert answer["transformers"] is False
     assert answer["imported"] == []  # not even the package: its model code alone is 130 MB an llm process
     assert answer["output"] == reference(hf_model, prompt, 12)
+
+
+IMPORT_THE_LLM_MODEL = """
+import sys, types
+
+class Backend(types.ModuleType):  # the Python backend's module, which only Triton's stub provides
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return 0
+
+sys.modules["triton_python_backend_utils"] = Backend("triton_python_backend_utils")
+sys.path.insert(0, sys.argv[1])
+import model
+print(sorted(m for m in sys.modules if m.startswith("transformers")))
+"""
+
+
+def test_the_llm_models_own_imports_leave_out_transformers():
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORT_THE_LLM_MODEL, str(PROJECT_ROOT / "model_repository" / "llm" / "1")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_a_model_this_code_builds_wrongly_loads_through_transformers(tiny_model_dir, hf_model, monkeypatch):

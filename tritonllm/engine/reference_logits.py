@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import subprocess
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -79,7 +80,7 @@ def main() -> None:
     args = parser.parse_args()
     computed = compute(args.model_dir, args.ids, args.gguf_file)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    partial = args.out.with_name(f"{args.out.name}.partial")
+    partial = args.out.with_name(f"{args.out.name}.{os.getpid()}.partial")  # instances loading at once
     torch.save(computed, partial)
     partial.replace(args.out)  # a reader never sees half a file
 
