@@ -144,7 +144,6 @@ class ModelRunner:
         self.native_decode = cpu_float32 and cpu_kernels.native() is not None
         world = place.world if place is not None else tensor_parallel_size
         config = llama_model.ModelConfig.read(Path(model_dir))
-        model_check.check_config(config)
         without_transformers = llama_model.why_not(config, Path(model_dir))
         if not self.native_decode or world > 1:
             without_transformers = "tensor parallel, and devices other than the CPU in float32, need it"
@@ -153,7 +152,8 @@ class ModelRunner:
                 self._load(model_dir, config, gguf_file, int8_activations, enable_lora)
                 return
             except (model_check.UnsupportedModelError, KeyError, RuntimeError) as e:
-                without_transformers = f"{type(e).__name__}: {e}"
+                log.warning("the model built without transformers failed its load: %s: %s", type(e).__name__, e)
+                without_transformers = "the load check"
         log.info("the model runs through transformers' modules: %s", without_transformers)
         self._load(model_dir, None, gguf_file, int8_activations, enable_lora, world, place, dtype)
 
@@ -176,6 +176,7 @@ class ModelRunner:
             config = self.model.config
         self.shape = ModelShape.of(config)
         if not self.transformers:
+            model_check.check_config(config)
             self.reference = reference_logits.reference(Path(model_dir), model_check.probe_ids(self), gguf_file)
             rotary = llama_model.RotaryEmbedding(self.reference.inv_freq, self.reference.attention_scaling)
             self.model = llama_model.LlamaModel.load(Path(model_dir), rotary)

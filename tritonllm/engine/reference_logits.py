@@ -40,9 +40,14 @@ def reference(model_dir: Path, ids: list[int], gguf_file: Path | None) -> Refere
     if not cached.is_file():
         command = [python_executable(), "-m", __name__, f"--model-dir={model_dir}", f"--ids={json.dumps(ids)}"]
         command += [f"--out={cached}"] + ([f"--gguf-file={gguf_file}"] if gguf_file else [])
-        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+        try:
+            done = subprocess.run(command, capture_output=True, timeout=TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired as e:
+            raise RuntimeError(f"transformers' reference run took over {TIMEOUT_S} s") from e
         if done.returncode != 0:
-            raise RuntimeError(f"transformers' reference run failed: {done.stderr.strip()[-2000:]}")
+            # bytes: Triton's Python stub runs in the C locale, and transformers' progress bars are not ASCII
+            message = done.stderr.decode("utf-8", "replace").strip()[-2000:]
+            raise RuntimeError(f"transformers' reference run failed: {message}")
     return Reference(**torch.load(cached, weights_only=True))
 
 

@@ -33,7 +33,8 @@ class Supervisor:
 
     def close(self, timeout: float = 10.0) -> None:
         self._closing.set()
-        self._thread.join(timeout)
+        if self._thread.is_alive():  # a server that never started was never watched
+            self._thread.join(timeout)
 
     def wait(self) -> None:
         """Blocks until closed (the `--no-shim` serve's main thread, which has nothing else to do)."""

@@ -52,6 +52,7 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(
             f"{args['model_instance_name']}: KV cache of {blocks.num_blocks * blocks.block_size} tokens "
             f"({blocks.num_blocks} blocks of {blocks.block_size}), {self.engine.kv_cache_bytes / 2**20:.0f} MiB; "
+            f"model built {'through' if runner.transformers else 'without'} transformers; "
             f"{runner.quantized_layers} linear layers on GGUF blocks; "
             f"decode steps on the {'native decoder stack' if runner.decoder_stack else 'modules'}; "
             f"speculative decoding: {config.speculative}"
