@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,15 +171,15 @@ class ModelRunner:
     ) -> None:
         """Builds the model: with `config`, without transformers (llama_model.py), else through it."""
         self.transformers = config is None
-        self.reference = None
+        reference = None  # not kept: transformers' logits on the probe are 8 MB on SmolLM2
         if config is None:
             self.model = _transformers_model(model_dir, self.dtype).to(self.device)
             config = self.model.config
         self.shape = ModelShape.of(config)
         if not self.transformers:
             model_check.check_config(config)
-            self.reference = reference_logits.reference(Path(model_dir), model_check.probe_ids(self), gguf_file)
-            rotary = llama_model.RotaryEmbedding(self.reference.inv_freq, self.reference.attention_scaling)
+            reference = reference_logits.reference(Path(model_dir), model_check.probe_ids(self), gguf_file)
+            rotary = llama_model.RotaryEmbedding(reference.inv_freq, reference.attention_scaling)
             self.model = llama_model.LlamaModel.load(Path(model_dir), rotary)
         self.quantized_layers = 0
         self.lora = None
@@ -190,7 +191,7 @@ class ModelRunner:
                 log.info("tensor_parallel_size=%d: the weights run dequantized, and LoRA is off", world)
         else:
             if gguf_file is not None and self.native_decode:
-                layout = self.reference.gguf_layout if self.reference else None
+                layout = reference.gguf_layout if reference else None
                 self.quantized_layers = quantized_linear.quantize_from_gguf(
                     self.model, gguf_file, int8_activations, layout
                 )
@@ -209,11 +210,12 @@ class ModelRunner:
             with quantized_linear.float_inputs(self.model):
                 if world == 1 and self.native_decode:
                     self._use_decoder_stack()
-                model_check.check_against_eager(self, self.reference.logits if self.reference else None)
+                model_check.check_against_eager(self, reference.logits if reference else None)
             if self.int8_activations and self.decoder_stack is not None:
                 self._use_decoder_stack()  # checked, now built again with the 8-bit inputs it serves with
         if world > 1:
             self._split(place or tensor_parallel.Place(0, world, 0), model_dir, dtype)
+        gc.collect()  # the load's cycles hold the checkpoint's and the GGUF file's mappings (some 90 MB resident)
         return_freed_heap()
 
     def _use_decoder_stack(self) -> None:
