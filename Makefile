@@ -6,7 +6,7 @@ CLI := $(VENV)/bin/tritonllm
 MODELS ?= models
 PYTEST_ARGS ?=
 
-.PHONY: install kernels clients system-deps model serve test test-slow test-instances soak bench bench-peers bench-speculation bench-footprint bench-kv-cache-dtype lint configs perf-analyzer clean
+.PHONY: install kernels clients system-deps model serve test test-slow test-instances soak bench bench-peers bench-speculation bench-footprint bench-kv-cache-dtype bench-start-time lint configs perf-analyzer clean
 
 install: $(VENV)/.installed
 
@@ -119,6 +119,13 @@ bench-footprint: install kernels $(MODELS)/$(DEFAULT_MODEL)/config.json
 bench-kv-cache-dtype: install kernels clients $(MODELS)/$(DEFAULT_MODEL)/config.json
 	$(PIP) install -q -c constraints.txt -e '.[test,bench]'
 	$(PY) bench/kv_cache_dtype.py
+
+# serve's start time with warm caches against another revision (BASELINE=<commit>, default HEAD~1)
+BASELINE ?= HEAD~1
+bench-start-time: install kernels $(MODELS)/$(DEFAULT_MODEL)/config.json
+	$(PIP) install -q -c constraints.txt -e '.[test,bench]'
+	rm -rf .cache/baseline-tree && git worktree prune && git worktree add -q .cache/baseline-tree $(BASELINE)
+	$(PY) bench/start_time.py --baseline-tree .cache/baseline-tree
 
 lint: install
 	$(VENV)/bin/ruff check tritonllm model_repository optional_models tests client bench
