@@ -4,8 +4,10 @@ Importing transformers' modeling code costs an llm process some 130 MB and 2 s b
 architectures that the native decoder stack (native_decode.py) serves whole, nothing of it runs at serving time:
 the stack does every layer, and only the embedding lookup, the rotary tables, the final norm and the output layer
 are the model's own. So these are built here as plain modules, under transformers' names (model.embed_tokens,
-model.layers[i].self_attn.q_proj, ..., lm_head), so that the GGUF blocks, the fused projections and the native
-linear layers replace their layers as they do a transformers model's. The rotary frequencies come from
+model.layers[i].self_attn.q_proj, ..., lm_head), so that the GGUF blocks, the fused projections, the native
+linear layers and LoRA's wrappers replace their layers as they do a transformers model's; the steps the stack does
+not take (a LoRA adapter's, the load check's probe) run this module's forward pass, transformers' Llama
+operation for operation over the paged attention. The rotary frequencies come from
 transformers' own rope functions, computed with the reference logits in a short-lived process
 (reference_logits.py), so every rope type whose tables do not depend on the sequence's length applies as
 transformers computes it. The model check compares this model's logits with transformers' on a probe prompt;
@@ -70,7 +72,7 @@ class RMSNorm(torch.nn.Module):
 
     def __init__(self, weight: torch.Tensor, eps: float) -> None:
         super().__init__()
-        self.weight = torch.nn.Parameter(weight, requires_grad=False)
+        self.weight = _parameter(weight)
         self.variance_epsilon = eps
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
