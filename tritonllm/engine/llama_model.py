@@ -171,9 +171,8 @@ class LlamaModel(torch.nn.Module):
         self.lm_head.weight = inner.embed_tokens.weight if tied else _parameter(weights["lm_head.weight"])
 
     @classmethod
-    def load(cls, model_dir: Path, rotary: RotaryEmbedding) -> LlamaModel:
+    def load(cls, model_dir: Path, config: ModelConfig, rotary: RotaryEmbedding) -> LlamaModel:
         """float32 weights of the checkpoint (a float32 file's stay in its mapping until weight_memory copies them)."""
-        config = ModelConfig.read(model_dir)
         weights = {}
         for file in _weight_files(model_dir):
             with safe_open(file, framework="pt") as f:

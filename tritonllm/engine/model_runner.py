@@ -180,7 +180,7 @@ class ModelRunner:
             model_check.check_config(config)
             reference = reference_logits.reference(Path(model_dir), model_check.probe_ids(self), gguf_file)
             rotary = llama_model.RotaryEmbedding(reference.inv_freq, reference.attention_scaling)
-            self.model = llama_model.LlamaModel.load(Path(model_dir), rotary)
+            self.model = llama_model.LlamaModel.load(Path(model_dir), config, rotary)
         self.quantized_layers = 0
         self.lora = None
         self.decoder_stack: native_decode.NativeDecode | None = None
