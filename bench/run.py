@@ -255,7 +255,7 @@ class EnsembleStreams:
         return from_timestamps(case, starts, stamps, wall)
 
     async def _one(self, client, text: str, stream_interval: int, starts: list, stamps: list) -> None:
-        from tritonllm.shim.triton_client import ENSEMBLE
+        from tritonllm.runtime.model_set import REPOSITORY_NAMES
         from tritonllm.shim.triton_client import _infer_input as infer_input
 
         inputs = [
@@ -267,7 +267,7 @@ class EnsembleStreams:
         ]
 
         async def requests():
-            yield {"model_name": ENSEMBLE, "inputs": inputs}
+            yield {"model_name": REPOSITORY_NAMES.ensemble, "inputs": inputs}
 
         mine: list[float] = []
         starts.append(time.perf_counter())
