@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 KERNELS = (
     "paged_decode_attention.cpp",
     "dense_linear.cpp",
+    "bfloat16_linear.cpp",
     "quantized_linear.cpp",
     "quantized_linear_int8.cpp",
     "decoder_layers.cpp",

@@ -58,6 +58,7 @@ class LLMEngine:
             config.tensor_parallel_size,
             int8_activations=config.int8_activations,
             kv_cache_dtype=kv_dtype,
+            greedy_screen=config.greedy_screen,
         )
         self.step_cost = StepCost(slowdown=config.prefill_slowdown)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens, self.step_cost)

@@ -14,6 +14,7 @@ from ..runtime.freed_heap import return_freed_heap
 from . import (
     cpu_kernels,
     fused_projections,
+    greedy_screen,
     llama_model,
     lora,
     model_check,
@@ -116,6 +117,7 @@ class Step:
     copies: list  # KV blocks to copy first (copy on write)
     # for the native decoder stack, in place of groups: each fed token's block table and context length
     native_rows: tuple[torch.Tensor, torch.Tensor] | None = None
+    screened: bool = False  # every kept row wants only its argmax: the logits of the tokens that can win
 
 
 class ModelRunner:
@@ -131,10 +133,13 @@ class ModelRunner:
         place: tensor_parallel.Place | None = None,
         int8_activations: bool = False,
         kv_cache_dtype: str | None = None,
+        greedy_screen: bool = False,
     ):
         """`place`: this process's rank, for ranks 1.. of a tensor-parallel engine (tensor_parallel.py); rank 0,
         the engine's own process, gives `tensor_parallel_size` and starts the others. `int8_activations`: the
-        GGUF blocks multiply 8-bit inputs (quantized_linear.py). `kv_cache_dtype`: the KV cache's (None: dtype's)."""
+        GGUF blocks multiply 8-bit inputs (quantized_linear.py). `kv_cache_dtype`: the KV cache's (None: dtype's).
+        `greedy_screen`: the native stack's greedy steps screen the output layer (greedy_screen.py)."""
+        self.greedy_screen = greedy_screen
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
         self.kv_dtype_name = kv_cache_dtype or dtype
@@ -223,7 +228,7 @@ class ModelRunner:
         if reason is not None:
             log.info("decode steps run through transformers' modules: %s", reason)
             return
-        self.decoder_stack = native_decode.NativeDecode(self.model, self.cache)
+        self.decoder_stack = native_decode.NativeDecode(self.model, self.cache, self.greedy_screen)
 
     def _allocate_cache(self) -> KVCache:
         return KVCache.allocate(
@@ -305,6 +310,7 @@ class ModelRunner:
             logits_to_keep=torch.tensor(keep or [0], device=dev),
             copies=self.blocks.pending_copies,
             native_rows=self._native_rows(chunks) if native else None,
+            screened=native and self._screens(chunks, sample_rows, context_rows),
         )
         self.blocks.pending_copies = []
         self._assign_adapters(chunks)
@@ -324,7 +330,7 @@ class ModelRunner:
             self.cache.copy_blocks(step.copies)
         if step.native_rows is not None:
             return self.decoder_stack.logits(
-                step.inputs, step.position_ids, step.slot_mapping, *step.native_rows, step.logits_to_keep
+                step.inputs, step.position_ids, step.slot_mapping, *step.native_rows, step.logits_to_keep, step.screened
             )
         batch = PagedBatch(cache=self.cache, slot_mapping=step.slot_mapping, groups=step.groups, probe=probe)
         out = self.model(
@@ -341,6 +347,14 @@ class ModelRunner:
         if self.decoder_stack is None or probe is not None:  # one rank only: tensor parallel builds no stack
             return False
         return all(c.seq.adapter is None for c in chunks)
+
+    def _screens(self, chunks: list[ScheduledChunk], sample_rows: list[int], context_rows: dict) -> bool:
+        return (
+            self.decoder_stack.screen is not None
+            and not context_rows
+            and 0 < len(sample_rows) <= greedy_screen.MAX_ROWS
+            and all(greedy_screen.screenable(c.seq) for c in chunks if c.samples)
+        )
 
     def _native_rows(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor, torch.Tensor]:
         """Each fed token as a query of its own: its sequence's block table, and the context it sees (its own

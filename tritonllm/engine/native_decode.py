@@ -23,6 +23,7 @@ import torch
 
 from . import cpu_kernels, quantized_linear
 from .fused_projections import SiblingLinear
+from .greedy_screen import GreedyScreen
 from .llama_model import ARCHITECTURES
 from .lora import LoraLinear
 from .native_linear import NATIVE_ROWS, NativeLinear
@@ -65,8 +66,10 @@ def why_not(model: torch.nn.Module) -> str | None:
 class NativeDecode:
     """The model's decoder stack as one native object, weights and KV cache shared, not copied."""
 
-    def __init__(self, model: torch.nn.Module, cache: KVCache):
+    def __init__(self, model: torch.nn.Module, cache: KVCache, screen: bool = False):
         self.model = model
+        serves = screen and GreedyScreen.serves(model.lm_head)
+        self.screen = GreedyScreen(model.lm_head.weight) if serves else None
         layers = model.model.layers
         attentions = [_Unwrapped(layer.self_attn) for layer in layers]
         mlps = [_Unwrapped(layer.mlp) for layer in layers]
@@ -96,15 +99,18 @@ class NativeDecode:
         block_tables: torch.Tensor,
         context_lens: torch.Tensor,
         keep: torch.Tensor,
+        screened: bool = False,
     ) -> torch.Tensor:
         """float32 logits of the rows `keep` of the step's fed tokens (`inputs`: input_ids [1, T], or inputs_embeds
         [1, T, hidden] where a prompt table gives rows; position_ids [1, T]); each token's row of block_tables
-        [T, max_blocks] is its sequence's, context_lens [T] its position + 1."""
+        [T, max_blocks] is its sequence's, context_lens [T] its position + 1. `screened`: the rows want only their
+        argmax (greedy_screen.py)."""
         inner = self.model.model
         hidden = inputs["inputs_embeds"] if "inputs_embeds" in inputs else inner.embed_tokens(inputs["input_ids"])
         cos, sin = inner.rotary_emb(hidden, position_ids)
         out = self.stack.forward(hidden[0], cos[0].contiguous(), sin[0].contiguous(), slots, block_tables, context_lens)
-        return self.model.lm_head(inner.norm(out)[keep])
+        hidden = inner.norm(out)[keep]
+        return self.screen.logits(hidden) if screened else self.model.lm_head(hidden)
 
 
 class _Unwrapped:

@@ -10,6 +10,7 @@ torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Te
 torch::Tensor quantized_linear_int8(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
                                     int64_t bits);
 torch::Tensor dense_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor bias);
+torch::Tensor bfloat16_linear(torch::Tensor x, torch::Tensor weight);
 torch::Tensor dequantize(torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins, int64_t bits);
 
 void bind_decoder_layers(pybind11::module& m);
@@ -21,6 +22,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantized_linear_int8", &quantized_linear_int8,
         "quantized_linear with the input rounded to 8 bits per block, integer dot products (CPU)", no_gil);
   m.def("dense_linear", &dense_linear, "x @ W^T + b for a few rows of x, W float32 (CPU)", no_gil);
+  m.def("bfloat16_linear", &bfloat16_linear, "x @ W^T for a few rows of x, W bfloat16, summed in float32 (CPU)",
+        no_gil);
   bind_decoder_layers(m);
   m.def("dequantize", &dequantize, "A block-quantized weight as float32 (CPU)", no_gil);
 }

@@ -1,0 +1,91 @@
+"""The greedy screen (engine/greedy_screen.py) against the whole float32 output layer: the bfloat16 kernel sums as
+float32 does, the screen's argmax is the layer's even where tokens are closer than bfloat16 can tell apart, the
+candidates keep their float32 logits, and the engine screens only the steps that need nothing but the argmax."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tritonllm.engine import cpu_kernels, greedy_screen
+from tritonllm.engine.greedy_screen import GreedyScreen
+from tritonllm.engine.sampling_params import SamplingParams
+from tritonllm.engine.sequence import Sequence
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    built = cpu_kernels.native()
+    assert built is not None, "the native kernels did not build: the engine would run on its slow fallback"
+    return built
+
+
+@pytest.mark.parametrize("rows", [1, 3, greedy_screen.MAX_ROWS])
+@pytest.mark.parametrize("out_features, in_features", [(2003, 576), (37, 100), (5, 7)])
+def test_the_bfloat16_kernel_sums_the_widened_weight_in_float32(kernels, rows, out_features, in_features):
+    generator = torch.Generator().manual_seed(rows + out_features)
+    x = torch.randn(rows, in_features, generator=generator)
+    low = torch.randn(out_features, in_features, generator=generator).bfloat16()
+    torch.testing.assert_close(kernels.bfloat16_linear(x, low), F.linear(x, low.float()), rtol=1e-5, atol=1e-4)
+
+
+def near_ties(vocab: int = 4096, width: int = 576, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer and inputs whose two best tokens are closer than bfloat16's rounding of the weight moves them:
+    for each input, token 2i + 1 is token 2i's row plus a random change that the input does not see (orthogonal
+    to it) and a nudge along it worth 1e-3 of a logit, up or down (more than float32 sums of 576 products differ by,
+    less than bfloat16 moves). The two rows round to different bfloat16 values,
+    whose logits differ by some 1e-2 either way, so which of the two wins is decided only by float32 weights."""
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(vocab, width, generator=generator) * 0.05
+    hidden = torch.randn(16, width, generator=generator) * 3
+    for i, x in enumerate(hidden):
+        best, unit = 2 * i, x / x.norm()
+        weight[best] = unit * 0.6  # well ahead of the random rows
+        unseen = torch.randn(width, generator=generator) * 0.05
+        unseen -= (unseen @ unit) * unit
+        weight[best + 1] = weight[best] + unseen + (1 if i % 2 else -1) * 1e-3 * unit / x.norm()
+    return weight, hidden
+
+
+def test_the_screens_argmax_is_the_float32_layers_where_bfloat16_cannot_tell_the_tokens_apart(kernels):
+    weight, hidden = near_ties()
+    screen = GreedyScreen(weight)
+    full = F.linear(hidden, weight)
+    low = F.linear(hidden, weight.bfloat16().float())
+    assert (low.argmax(1) != full.argmax(1)).any(), "the case must be one where bfloat16's own argmax is wrong"
+    for start in range(0, len(hidden), greedy_screen.MAX_ROWS):
+        rows = hidden[start : start + greedy_screen.MAX_ROWS]
+        screened = screen.logits(rows)
+        assert screened.argmax(1).tolist() == full[start : start + len(rows)].argmax(1).tolist()
+
+
+def test_the_candidates_keep_their_float32_logits_and_every_other_token_is_minus_infinity(kernels):
+    weight, hidden = near_ties(seed=1)
+    screened = GreedyScreen(weight).logits(hidden[:4])
+    full = F.linear(hidden[:4], weight)
+    kept = torch.isfinite(screened)
+    assert kept.sum(1).ge(2).all() and kept.sum(1).le(64).all()  # both of the tied tokens, and few others
+    torch.testing.assert_close(screened[kept], full[kept], rtol=1e-6, atol=1e-5)
+    assert (screened[~kept] == float("-inf")).all()
+    # no token left out could have won: each lies below the best by more than the two layers can differ
+    assert (full[~kept] < full.max(1, keepdim=True).values.expand_as(full)[~kept]).all()
+
+
+@pytest.mark.parametrize(
+    "params, screens",
+    [
+        (SamplingParams(), True),
+        (SamplingParams(top_k=1, temperature=0.7), True),
+        (SamplingParams(temperature=0.7), False),
+        (SamplingParams(return_log_probs=True), False),
+        (SamplingParams(top_log_probs=2), False),
+        (SamplingParams(return_generation_logits=True), False),
+        (SamplingParams(return_context_logits=True), False),
+        (SamplingParams(repetition_penalty=1.2), False),
+        (SamplingParams(min_tokens=3, end_id=2), False),
+        (SamplingParams(watermark=True), False),
+    ],
+)
+def test_only_steps_that_need_nothing_but_the_argmax_are_screened(params, screens):
+    assert greedy_screen.screenable(Sequence([1, 2, 3], params)) is screens
