@@ -30,6 +30,20 @@ def test_the_bfloat16_kernel_sums_the_widened_weight_in_float32(kernels, rows, o
     torch.testing.assert_close(kernels.bfloat16_linear(x, low), F.linear(x, low.float()), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("in_features", [576, 100])
+def test_a_rows_result_is_the_same_bits_whatever_else_is_in_the_step(kernels, in_features):
+    """One row alone takes the many-stream path, several rows the tiles and the rows left over: each output is
+    summed the same way in all of them, so a sequence's candidates do not depend on its step."""
+    generator = torch.Generator().manual_seed(in_features)
+    x = torch.randn(greedy_screen.MAX_ROWS, in_features, generator=generator)
+    low = torch.randn(203, in_features, generator=generator).bfloat16()
+    together = kernels.bfloat16_linear(x, low)
+    for rows in range(1, greedy_screen.MAX_ROWS + 1):
+        assert torch.equal(kernels.bfloat16_linear(x[:rows].contiguous(), low), together[:rows])
+    alone = torch.cat([kernels.bfloat16_linear(x[r : r + 1].contiguous(), low) for r in range(len(x))])
+    assert torch.equal(alone, together)
+
+
 def near_ties(vocab: int = 4096, width: int = 576, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """A layer and inputs whose two best tokens are closer than bfloat16's rounding of the weight moves them:
     for each input, token 2i + 1 is token 2i's row plus a random change that the input does not see (orthogonal
