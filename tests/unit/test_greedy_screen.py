@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from tritonllm.engine import cpu_kernels, greedy_screen
+from tritonllm.engine.engine import EngineConfig, LLMEngine
 from tritonllm.engine.greedy_screen import GreedyScreen
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import Sequence
@@ -103,3 +104,39 @@ def test_the_candidates_keep_their_float32_logits_and_every_other_token_is_minus
 )
 def test_only_steps_that_need_nothing_but_the_argmax_are_screened(params, screens):
     assert greedy_screen.screenable(Sequence([1, 2, 3], params)) is screens
+
+
+def generate(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list[Sequence]:
+    seqs = [Sequence(list(p), params) for p in prompts]
+    for seq in seqs:
+        engine.add(seq)
+    while engine.has_work():
+        engine.step()
+    return seqs
+
+
+def test_the_engine_screens_greedy_steps_and_answers_as_without_the_screen(tiny_model_dir, hf_model, monkeypatch):
+    """Greedy steps of one and of several sequences go through the screen, and every token equals transformers'
+    generate(); a request for log-probs is not screened, its log-probs those of the whole layer."""
+    screened = []
+    original = GreedyScreen.logits
+    monkeypatch.setattr(
+        GreedyScreen, "logits", lambda self, hidden: screened.append(len(hidden)) or original(self, hidden)
+    )
+    engines = {
+        on: LLMEngine(EngineConfig(str(tiny_model_dir), num_kv_blocks=128, greedy_screen=on)) for on in (True, False)
+    }
+    prompts = [[5, 17, 42, 99, 3], [7, 7, 8], [120, 4, 66, 12, 9, 31, 2]]
+    for alone in prompts[:1], prompts:
+        got = generate(engines[True], alone, SamplingParams(max_tokens=12))
+        expected = hf_model.generate(torch.tensor([alone[0]]), max_new_tokens=12, do_sample=False, min_new_tokens=12)
+        assert got[0].token_ids == expected[0].tolist()
+        assert [s.token_ids for s in got] == [
+            s.token_ids for s in generate(engines[False], alone, SamplingParams(max_tokens=12))
+        ]
+    assert 1 in screened and len(prompts) in screened, "greedy steps of one and of several rows must be screened"
+    screened.clear()
+    with_log_probs = SamplingParams(max_tokens=6, return_log_probs=True)
+    got, plain = (generate(engines[on], prompts[:1], with_log_probs)[0] for on in (True, False))
+    assert not screened
+    assert got.token_ids == plain.token_ids and got.logprobs == plain.logprobs

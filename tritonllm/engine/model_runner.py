@@ -139,7 +139,7 @@ class ModelRunner:
         the engine's own process, gives `tensor_parallel_size` and starts the others. `int8_activations`: the
         GGUF blocks multiply 8-bit inputs (quantized_linear.py). `kv_cache_dtype`: the KV cache's (None: dtype's).
         `greedy_screen`: the native stack's greedy steps screen the output layer (greedy_screen.py)."""
-        self.greedy_screen = greedy_screen
+        self.screens_greedy_steps = greedy_screen
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
         self.kv_dtype_name = kv_cache_dtype or dtype
@@ -228,7 +228,7 @@ class ModelRunner:
         if reason is not None:
             log.info("decode steps run through transformers' modules: %s", reason)
             return
-        self.decoder_stack = native_decode.NativeDecode(self.model, self.cache, self.greedy_screen)
+        self.decoder_stack = native_decode.NativeDecode(self.model, self.cache, self.screens_greedy_steps)
 
     def _allocate_cache(self) -> KVCache:
         return KVCache.allocate(
