@@ -11,7 +11,7 @@ import pytest
 from tritonllm.engine.config import OVERRIDES_ENV
 from tritonllm.runtime import gguf
 from tritonllm.runtime.model_config import MODEL_DIR_ENV
-from tritonllm.runtime.tritonserver import TritonServer, free_port
+from tritonllm.runtime.tritonserver import TritonServer, free_ports
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = PROJECT_ROOT / "model_repository"
@@ -90,11 +90,12 @@ def launch_triton(
 ) -> TritonServer:
     """The real tritonserver on the model repository, serving `model_dir`, on free loopback ports; `settings`
     override the llm's (as `serve`'s flags do)."""
+    http_port, grpc_port, metrics_port = free_ports(3)
     server = TritonServer(
         repository,
-        http_port=free_port(),
-        grpc_port=free_port(),
-        metrics_port=free_port(),
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
         env={MODEL_DIR_ENV: str(model_dir)} | ({OVERRIDES_ENV: json.dumps(settings)} if settings else {}),
         log_file=log_dir / "tritonserver.log",
         llm_instances=llm_instances,

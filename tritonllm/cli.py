@@ -90,6 +90,10 @@ def serve(args: argparse.Namespace) -> int:
     if not args.no_shim:
         ports["--shim-port"] = (args.host, args.shim_port)
     for flag, (host, port) in ports.items():
+        same = [other for other, taken in ports.items() if other != flag and taken[1] == port]
+        if same:
+            _progress(f"port {port} is given to both {flag} and {same[0]}; each listener needs its own")
+            return 2
         if not port_is_free(host, port):
             _progress(f"port {port} on {host} ({flag}) is in use; pick another with {flag}")
             return 2

@@ -17,7 +17,7 @@ import pytest
 import uvicorn
 from conftest import MODELS, PROJECT_ROOT, launch_triton
 
-from tritonllm.runtime.tritonserver import free_port
+from tritonllm.runtime.tritonserver import free_port, free_ports
 from tritonllm.shim.app import create_app
 from tritonllm.shim.settings import ShimSettings
 
@@ -53,7 +53,8 @@ def running_serve(
     process id as "pid"."""
     import httpx
 
-    ports = {flag: free_port() for flag in ("--http-port", "--grpc-port", "--metrics-port", "--shim-port")}
+    flags = ("--http-port", "--grpc-port", "--metrics-port", "--shim-port")
+    ports = dict(zip(flags, free_ports(len(flags)), strict=True))
     command = [str(Path(sys.executable).parent / "tritonllm"), "serve", "--model-dir", str(model_dir), *flags]
     command += [str(v) for pair in ports.items() for v in pair]
     log_path = log_dir / "serve.log"

@@ -21,7 +21,7 @@ import pytest
 from conftest import MODELS, PROJECT_ROOT
 from triton_helpers import metric, wait_for
 
-from tritonllm.runtime.tritonserver import free_port
+from tritonllm.runtime.tritonserver import free_ports
 
 MAX_TOKENS = 400  # long enough to be streaming when the kill comes
 DRAIN_S = 600
@@ -80,7 +80,7 @@ class Replica:
 
 
 def start_replica(name: str, log_dir: Path, as_pod: bool = False) -> Replica:
-    http, grpc, metrics, shim = (free_port() for _ in range(4))
+    http, grpc, metrics, shim = free_ports(4)
     cli = str(Path(sys.executable).parent / "tritonllm")
     serve = [cli, "serve", f"--model-dir={MODELS / 'tiny'}", f"--http-port={http}", f"--grpc-port={grpc}"]
     # The drain is an upper bound, as a pod's terminationGracePeriodSeconds: generous, so that the SIGTERM case

@@ -4,13 +4,14 @@ socket can be handed one as its source."""
 
 from __future__ import annotations
 
+import random
 import socket
 import threading
 import time
 
 import pytest
 
-from tritonllm.runtime.tritonserver import ServerError, TritonServer, ephemeral_ports, free_port
+from tritonllm.runtime.tritonserver import ServerError, TritonServer, ephemeral_ports, free_port, free_ports
 
 
 def test_a_real_self_connect_reads_back_its_own_request():
@@ -74,12 +75,32 @@ def test_picked_ports_lie_outside_the_ephemeral_range():
     assert all(free_port() not in ephemeral for _ in range(50))
 
 
+def test_free_ports_are_different_ports_even_where_each_pick_would_be_the_same(monkeypatch):
+    """A server's listeners need a port each: picked one by one at random, two once came out the same, and the
+    shim's bind failed after tritonserver had taken it (tests/e2e's serve, on a CI machine)."""
+    monkeypatch.setattr(random, "sample", lambda population, k: sorted(population)[:k])  # every pick the same
+    assert free_port() == free_port()
+    ports = free_ports(4)
+    assert len(set(ports)) == 4 and not set(ports) & set(ephemeral_ports())
+
+
+def test_serve_refuses_one_port_for_two_listeners(tiny_model_dir, capfd):
+    from tritonllm import cli
+
+    http, grpc, metrics = free_ports(3)
+    ports = ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
+    argv = ["serve", "--model-dir", str(tiny_model_dir), *ports, "--shim-port", str(http)]
+    assert cli.main(argv) == 2
+    assert f"port {http} is given to both --http-port and --shim-port" in capfd.readouterr().err
+
+
 @pytest.mark.parametrize("flag", ["--http-port", "--grpc-port", "--metrics-port", "--shim-port"])
 def test_serve_names_a_port_in_use_before_starting_anything(tiny_model_dir, flag, capfd):
     from tritonllm import cli
 
     with socket.create_server(("127.0.0.1", free_port())) as taken:
-        ports = {f: str(free_port()) for f in ("--http-port", "--grpc-port", "--metrics-port", "--shim-port")}
+        flags = ("--http-port", "--grpc-port", "--metrics-port", "--shim-port")
+        ports = {f: str(port) for f, port in zip(flags, free_ports(len(flags)), strict=True)}
         ports[flag] = str(taken.getsockname()[1])
         argv = ["serve", "--model-dir", str(tiny_model_dir), *(x for pair in ports.items() for x in pair)]
         assert cli.main(argv) == 2

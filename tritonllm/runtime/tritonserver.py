@@ -136,12 +136,21 @@ def ephemeral_ports() -> range:
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A free port outside the ephemeral range (see PICKED_PORTS), so that polling it can never self-connect."""
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` different free ports (as free_port picks them), for one server's several listeners: picked by
+    separate free_port calls, two could be the same port, and the second listener would then fail to bind."""
     ephemeral = ephemeral_ports()
     candidates = [p for p in PICKED_PORTS if p not in ephemeral]
-    for port in random.sample(candidates, min(200, len(candidates))):
+    ports = []
+    for port in random.sample(candidates, min(200 + count, len(candidates))):
         if port_is_free(host, port):
-            return port
-    raise OSError(f"no free port in {PICKED_PORTS} on {host}")
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    raise OSError(f"no {count} free ports in {PICKED_PORTS} on {host}")
 
 
 API_KEY_HEADER = "triton-api-key"
