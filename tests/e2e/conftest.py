@@ -53,8 +53,8 @@ def running_serve(
     process id as "pid"."""
     import httpx
 
-    flags = ("--http-port", "--grpc-port", "--metrics-port", "--shim-port")
-    ports = dict(zip(flags, free_ports(len(flags)), strict=True))
+    listeners = ("--http-port", "--grpc-port", "--metrics-port", "--shim-port")
+    ports = dict(zip(listeners, free_ports(len(listeners)), strict=True))
     command = [str(Path(sys.executable).parent / "tritonllm"), "serve", "--model-dir", str(model_dir), *flags]
     command += [str(v) for pair in ports.items() for v in pair]
     log_path = log_dir / "serve.log"
