@@ -94,7 +94,9 @@ float dot(const float* a, const Rows<KV>& rows, int64_t p, int64_t n) {
   int64_t i = 0;
   for (; i + Vec::size() <= n; i += Vec::size()) sum = at::vec::fmadd(Vec::loadu(a + i), rows.load(p, i), sum);
   float total = sum_lanes(sum);
-  for (; i < n; ++i) total += a[i] * rows.value(p, i);
+  // std::fma, not a * b + c: the compiler fused that in some instantiations and not in others (AMD EPYC Zen 4, GCC
+  // -march=native), so a bfloat16 or int8 cache was not read exactly as the float32 values it stands for
+  for (; i < n; ++i) total = std::fma(a[i], rows.value(p, i), total);
   return total;
 }
 
@@ -171,7 +173,7 @@ void accumulate(float* out, const float* weights, const Rows<KV>& rows, int64_t 
     sum.store(out + i);
   }
   for (; i < n; ++i)
-    for (int64_t r = 0; r < count; ++r) out[i] += weights[r] * rows.value(r, i);
+    for (int64_t r = 0; r < count; ++r) out[i] = std::fma(weights[r], rows.value(r, i), out[i]);  // as dot's tail
 }
 
 // row[0:n] = exp(row - max(row)), with weights below e^-80 made exactly 0: they are lost next to the largest
