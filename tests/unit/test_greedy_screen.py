@@ -22,13 +22,21 @@ def kernels():
     return built
 
 
-@pytest.mark.parametrize("rows", [1, 3, greedy_screen.MAX_ROWS])
+def input_dtypes(kernels) -> list[torch.dtype]:
+    """float32 inputs always; bfloat16 ones where the CPU multiplies bfloat16 pairs."""
+    return [torch.float32] + ([torch.bfloat16] if kernels.bfloat16_dot else [])
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 32])
 @pytest.mark.parametrize("out_features, in_features", [(2003, 576), (37, 100), (5, 7)])
-def test_the_bfloat16_kernel_sums_the_widened_weight_in_float32(kernels, rows, out_features, in_features):
+def test_the_bfloat16_kernel_sums_the_widened_values_in_float32(kernels, rows, out_features, in_features):
     generator = torch.Generator().manual_seed(rows + out_features)
     x = torch.randn(rows, in_features, generator=generator)
     low = torch.randn(out_features, in_features, generator=generator).bfloat16()
-    torch.testing.assert_close(kernels.bfloat16_linear(x, low), F.linear(x, low.float()), rtol=1e-5, atol=1e-4)
+    for dtype in input_dtypes(kernels):
+        given = x.to(dtype)
+        expected = F.linear(given.float(), low.float())
+        torch.testing.assert_close(kernels.bfloat16_linear(given, low), expected, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("in_features", [576, 100])
@@ -36,13 +44,15 @@ def test_a_rows_result_is_the_same_bits_whatever_else_is_in_the_step(kernels, in
     """One row alone takes the many-stream path, several rows the tiles and the rows left over: each output is
     summed the same way in all of them, so a sequence's candidates do not depend on its step."""
     generator = torch.Generator().manual_seed(in_features)
-    x = torch.randn(greedy_screen.MAX_ROWS, in_features, generator=generator)
+    x = torch.randn(13, in_features, generator=generator)
     low = torch.randn(203, in_features, generator=generator).bfloat16()
-    together = kernels.bfloat16_linear(x, low)
-    for rows in range(1, greedy_screen.MAX_ROWS + 1):
-        assert torch.equal(kernels.bfloat16_linear(x[:rows].contiguous(), low), together[:rows])
-    alone = torch.cat([kernels.bfloat16_linear(x[r : r + 1].contiguous(), low) for r in range(len(x))])
-    assert torch.equal(alone, together)
+    for dtype in input_dtypes(kernels):
+        given = x.to(dtype)
+        together = kernels.bfloat16_linear(given, low)
+        for rows in range(1, len(x) + 1):
+            assert torch.equal(kernels.bfloat16_linear(given[:rows].contiguous(), low), together[:rows])
+        alone = torch.cat([kernels.bfloat16_linear(given[r : r + 1].contiguous(), low) for r in range(len(x))])
+        assert torch.equal(alone, together)
 
 
 def near_ties(vocab: int = 4096, width: int = 576, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,8 +79,9 @@ def test_the_screens_argmax_is_the_float32_layers_where_bfloat16_cannot_tell_the
     full = F.linear(hidden, weight)
     low = F.linear(hidden, weight.bfloat16().float())
     assert (low.argmax(1) != full.argmax(1)).any(), "the case must be one where bfloat16's own argmax is wrong"
-    for start in range(0, len(hidden), greedy_screen.MAX_ROWS):
-        rows = hidden[start : start + greedy_screen.MAX_ROWS]
+    step = greedy_screen.max_rows()
+    for start in range(0, len(hidden), step):
+        rows = hidden[start : start + step]
         screened = screen.logits(rows)
         assert screened.argmax(1).tolist() == full[start : start + len(rows)].argmax(1).tolist()
 
@@ -85,6 +96,47 @@ def test_the_candidates_keep_their_float32_logits_and_every_other_token_is_minus
     assert (screened[~kept] == float("-inf")).all()
     # no token left out could have won: each lies below the best by more than the two layers can differ
     assert (full[~kept] < full.max(1, keepdim=True).values.expand_as(full)[~kept]).all()
+
+
+def test_the_input_rounding_is_bounded_too(kernels):
+    """Where the input is rounded to bfloat16, two tokens whose weights bfloat16 holds exactly (no weight rounding
+    to bound) can still trade places: token 1 is token 0 plus a change nearly orthogonal to the input but along
+    the input's rounding, so the rounded input favours it by far more than the float32 logits separate the two.
+    The screen keeps the float32 winner (fails with the input's rounding left out of the bound)."""
+    if not kernels.bfloat16_dot:
+        pytest.skip("this CPU has no bfloat16 pair products: the screen does not round the input")
+    generator = torch.Generator().manual_seed(3)
+    hidden = torch.randn(8, 576, generator=generator) * 3
+    weight = torch.randn(1024, 576, generator=generator) * 0.05
+    for i, x in enumerate(hidden):
+        unit, error = x / x.norm(), x.bfloat16().float() - x
+        along = error - (error @ unit) * unit
+        weight[2 * i] = (unit * 0.6).bfloat16().float()
+        change = (along / along.norm() * (1 if i % 2 else -1)).bfloat16().float()
+        weight[2 * i + 1] = (weight[2 * i] + change).bfloat16().float()
+    full = kernels.dense_linear(hidden, weight, torch.empty(0))
+    products = kernels.bfloat16_linear(hidden.bfloat16(), weight.bfloat16())
+    assert (products.argmax(1) != full.argmax(1)).any(), "the rounded input must pick the wrong token somewhere"
+    assert torch.equal(GreedyScreen(weight).logits(hidden).argmax(1), full.argmax(1))
+
+
+@pytest.mark.parametrize("rows", [1, 5, 32, 64])
+def test_the_candidates_logits_are_the_unscreened_layers_bits(kernels, rows):
+    """The candidates are summed as kernels/dense_linear.cpp sums the unscreened output layer, so the screened step
+    picks exactly the token the whole layer picks, ties included."""
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(3000, 576, generator=generator) * 0.05
+    hidden = torch.randn(rows, 576, generator=generator) * 3
+    weight[:rows] = hidden / hidden.norm(dim=1, keepdim=True) * 0.3  # a clear winner for each row ...
+    weight[rows : 2 * rows] = weight[:rows]  # ... tied with a copy of itself: the first of the two wins
+    screened = GreedyScreen(weight).logits(hidden) if rows <= greedy_screen.max_rows() else None
+    if screened is None:
+        pytest.skip(f"{rows} rows are not screened on this CPU")
+    full = kernels.dense_linear(hidden, weight, torch.empty(0))
+    kept = torch.isfinite(screened)
+    assert torch.equal(screened[kept], full[kept])
+    assert torch.equal(screened.argmax(1), full.argmax(1))
+    assert screened.argmax(1).tolist() == list(range(rows))
 
 
 @pytest.mark.parametrize(
@@ -135,6 +187,14 @@ def test_the_engine_screens_greedy_steps_and_answers_as_without_the_screen(tiny_
             s.token_ids for s in generate(engines[False], alone, SamplingParams(max_tokens=12))
         ]
     assert 1 in screened and len(prompts) in screened, "greedy steps of one and of several rows must be screened"
+    if greedy_screen.max_rows() >= 12:
+        many = [[(7 * i + j) % 200 + 1 for j in range(3 + i % 4)] for i in range(12)]
+        screened.clear()
+        got = generate(engines[True], many, SamplingParams(max_tokens=8))
+        assert [s.token_ids for s in got] == [
+            s.token_ids for s in generate(engines[False], many, SamplingParams(max_tokens=8))
+        ]
+        assert 12 in screened, "a step of 12 greedy rows must be screened where the input is rounded to bfloat16"
     screened.clear()
     with_log_probs = SamplingParams(max_tokens=6, return_log_probs=True)
     got, plain = (generate(engines[on], prompts[:1], with_log_probs)[0] for on in (True, False))

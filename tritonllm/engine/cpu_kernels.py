@@ -25,6 +25,7 @@ KERNELS = (
     "paged_decode_attention.cpp",
     "dense_linear.cpp",
     "bfloat16_linear.cpp",
+    "greedy_screen.cpp",
     "quantized_linear.cpp",
     "quantized_linear_int8.cpp",
     "decoder_layers.cpp",

@@ -1,18 +1,20 @@
-"""A greedy step's argmax without reading the whole float32 output layer.
+"""A greedy step's argmax without the whole float32 output layer.
 
-One sequence's decode step streams every weight from memory, and SmolLM2's output layer (49152 x 576, tied to the
-embedding) is a fifth of its float32 bytes. A greedy step needs only the argmax of the logits, so the screen reads a
-bfloat16 copy of that layer (half the bytes; kernels/bfloat16_linear.cpp sums in float32) and bounds, for every
-token, how far its float32 logit can be from the bfloat16 one:
+SmolLM2's output layer (49152 x 576, tied to the embedding) is a fifth of the float32 bytes one sequence's decode
+step reads, and at 32 sequences a sixth of the step's arithmetic. A greedy step needs only the argmax of the
+logits, so the screen multiplies by a bfloat16 copy of that layer (kernels/bfloat16_linear.cpp): half the bytes,
+summed in float32; where the CPU multiplies bfloat16 pairs (AVX512_BF16), with the input rounded to bfloat16 too,
+twice the products an instruction. For every token it bounds how far its float32 logit can be from that product:
 
-    |fl(w.x) - fl(w'.x)| <= ||w - w'|| ||x|| + gamma (||w|| + ||w'||) ||x||,    gamma = K u / (1 - K u)
+    |fl(w.x) - fl(w'.x')| <= ||w - w'|| ||x|| + ||w'|| ||x - x'|| + gamma (||w|| + ||w'||) (||x|| + ||x - x'||)
 
-(the weight's rounding, by Cauchy-Schwarz, plus float32 summation in any order of K products, u = 2^-24). A token
-whose bfloat16 logit plus its bound is below the largest bfloat16 logit minus that token's bound cannot be the
-float32 argmax; the others (the candidates, a handful when the model is sure) get their float32 logits from the
-float32 weight's rows. What a step returns is those logits, every other token -inf: its argmax is the float32
-layer's argmax, so greedy output is what the whole layer gives (up to the summation order of the candidates' own
-rows, as for any kernel).
+(the weight's and the input's rounding, by Cauchy-Schwarz, plus float32 summation in any order of K products,
+gamma = K u / (1 - K u), u = 2^-24; x' is x in bfloat16, or x itself where it is not rounded), plus what
+vdpbf16ps flushes to zero. A token whose product plus its bound is below the largest product minus that token's
+bound cannot be the float32 argmax; the others (the candidates, a handful when the model is sure) get their
+float32 logits, summed as the unscreened layer (kernels/dense_linear.cpp) sums them, bit for bit
+(kernels/greedy_screen.cpp). What a step returns is those logits, every other token -inf: its argmax is the one
+the whole layer gives.
 
 Only for rows that need nothing but the argmax: greedy, no log-probs, no logits returned, nothing that edits the
 logits (penalties, biases, grammars, a thinking budget, watermarks), no beams (`screenable`).
@@ -23,11 +25,19 @@ from __future__ import annotations
 import torch
 
 from . import cpu_kernels
+from .native_linear import NATIVE_ROWS
 from .sequence import Sequence
 
-MAX_ROWS = 8  # decode steps of a few sequences: past that the layer's arithmetic, not its bytes, sets the pace
 _UNIT_ROUNDOFF = 2.0**-24
 _SAFETY = 1.01  # the norms and the bound are themselves float32 arithmetic
+_SMALLEST_NORMAL = 2.0**-126  # vdpbf16ps reads smaller inputs as zero and flushes smaller sums to zero
+
+
+def max_rows() -> int:
+    """The most rows a screened step takes. Where the input is rounded to bfloat16 too, up to the rows the native
+    dense kernel takes (the candidates' logits are its bits; past it the BLAS sums otherwise); otherwise 8:
+    widening each weight costs as much arithmetic as float32, which at more rows than that sets the pace."""
+    return NATIVE_ROWS if cpu_kernels.native().bfloat16_dot else 8
 
 
 class GreedyScreen:
@@ -35,24 +45,30 @@ class GreedyScreen:
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.weight = weight.detach()
-        self.low = self.weight.bfloat16()
+        low = self.weight.bfloat16()
+        self.low = torch.where(low.abs() < _SMALLEST_NORMAL, 0, low)  # as vdpbf16ps reads it
+        self.rounds_input = bool(cpu_kernels.native().bfloat16_dot)
         k = self.weight.shape[1]
         gamma = k * _UNIT_ROUNDOFF / (1 - k * _UNIT_ROUNDOFF)
         rounding = (self.weight - self.low.float()).norm(dim=1)
         norms = self.weight.norm(dim=1)
-        self.slack = _SAFETY * (rounding + gamma * (2 * norms + rounding))  # times ||x||: each token's bound
+        self.low_norms = _SAFETY * self.low.float().norm(dim=1)
+        self.slack = _SAFETY * (rounding + gamma * (2 * norms + rounding))  # times ||x|| + ||x - x'||
+        self.flush = 2 * (k + 64) * _SMALLEST_NORMAL  # each flushed sum is off by less than the smallest normal
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [R, K] float32, R <= MAX_ROWS. [R, vocab] float32: each row's candidates with their float32
+        """hidden: [R, K] float32, R <= max_rows(). [R, vocab] float32: each row's candidates with their float32
         logits, every other token -inf."""
-        hidden = hidden.contiguous()
-        approx = cpu_kernels.native().bfloat16_linear(hidden, self.low)
-        bound = self.slack * hidden.norm(dim=1, keepdim=True)
-        floor = (approx - bound).amax(dim=1, keepdim=True)
-        rows, tokens = torch.nonzero(approx + bound >= floor, as_tuple=True)
-        out = torch.full_like(approx, float("-inf"))
-        out[rows, tokens] = (hidden[rows] * self.weight[tokens]).sum(dim=1)
-        return out
+        return cpu_kernels.native().greedy_screen_logits(
+            hidden.contiguous(),
+            self.low,
+            self.weight,
+            self.slack,
+            self.low_norms,
+            self.rounds_input,
+            _SAFETY,
+            self.flush,
+        )
 
     @staticmethod
     def serves(lm_head: torch.nn.Module) -> bool:

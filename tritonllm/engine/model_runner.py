@@ -352,7 +352,7 @@ class ModelRunner:
         return (
             self.decoder_stack.screen is not None
             and not context_rows
-            and 0 < len(sample_rows) <= greedy_screen.MAX_ROWS
+            and 0 < len(sample_rows) <= greedy_screen.max_rows()
             and all(greedy_screen.screenable(c.seq) for c in chunks if c.samples)
         )
 

@@ -24,43 +24,20 @@
 // -march=native's (AVX-512 where the machine has it).
 #pragma GCC push_options
 #pragma GCC target("tune=generic")
+#include "float_vec.h"  // here, so that its helpers take this tuning and inline into the tiles
 namespace {
 
+using float_vec::fma;
+using float_vec::kLanes;
+using float_vec::load;
+using float_vec::sum_lanes;
+using float_vec::Vec;
+using float_vec::zero;
 #if defined(__AVX512F__)
-using Vec = __m512;
-constexpr int64_t kLanes = 16;
+using float_vec::store_sums_of_4;
 constexpr int kTileRows = 6;  // input rows of a multi-row tile beside 4 weight rows (24 of 32 registers)
-inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
-inline Vec zero() { return _mm512_setzero_ps(); }
-inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline float sum_lanes(Vec v) { return _mm512_reduce_add_ps(v); }
-// The sums of 4 vectors into out[0..4), each added in exactly _mm512_reduce_add_ps's tree (lane j with j + 8,
-// then with j + 4, j + 2, j + 1), so every output has the bits sum_lanes gives it, with a third of the shuffles.
-inline void store_sums_of_4(const Vec* v, float* out) {
-  const Vec s01 = _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                _mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(3, 2, 3, 2)));
-  const Vec s23 = _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], _MM_SHUFFLE(1, 0, 1, 0)),
-                                _mm512_shuffle_f32x4(v[2], v[3], _MM_SHUFFLE(3, 2, 3, 2)));
-  Vec z = _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(2, 0, 2, 0)),
-                        _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
-  z = _mm512_add_ps(z, _mm512_permute_ps(z, _MM_SHUFFLE(1, 0, 3, 2)));
-  z = _mm512_add_ps(z, _mm512_permute_ps(z, _MM_SHUFFLE(0, 1, 0, 1)));
-  const __m512i firsts = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0);
-  _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_permutexvar_ps(firsts, z)));
-}
 #else
-using Vec = __m256;
-constexpr int64_t kLanes = 8;
 constexpr int kTileRows = 3;  // 12 of 16 registers
-inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
-inline Vec zero() { return _mm256_setzero_ps(); }
-inline Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline float sum_lanes(Vec v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 #endif
 
 // out[r, c] = x[r] . w[c] for r < ROWS, c < COLS (strides in floats).

@@ -1,0 +1,116 @@
+// The greedy screen (engine/greedy_screen.py) in one call: the bfloat16 products of a step's rows
+// (bfloat16_linear.cpp), then the tokens that can still be each row's float32 argmax, with their float32 logits.
+// In C++, because the same selection in PyTorch took six passes over a [rows, vocab] tensor (1.7 ms at 32 rows,
+// where the whole layer takes 10); here it is two vector passes over each row, in place.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "float_vec.h"
+
+bool bfloat16_dot_available();
+void bfloat16_products(const float* x, const uint16_t* x_rounded, int64_t rows, const uint16_t* w, int64_t n,
+                       int64_t k, float* out);
+
+namespace {
+
+constexpr float kInfinity = std::numeric_limits<float>::infinity();
+
+// v rounded to the nearest bfloat16 (ties to even), and to zero where that is below the smallest normal, which
+// vdpbf16ps reads as zero.
+uint16_t round_to_bfloat16(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  if (std::isnan(v)) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  uint16_t half = static_cast<uint16_t>(bits >> 16);
+  if ((half & 0x7F80) == 0) half &= 0x8000;
+  return half;
+}
+
+float widened(uint16_t half) {
+  const uint32_t bits = static_cast<uint32_t>(half) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// Row r's products in place -> its candidates' float32 logits (x . w[t] as dense_linear sums it), others -inf.
+// bound(t) = slack[t] * scale + low_norms[t] * rounding + flush.
+void select(float* row, const float* x, const float* weight, int64_t vocab, int64_t k, const float* slack,
+            const float* low_norms, float scale, float rounding, float flush) {
+  using namespace float_vec;
+  const Vec vs = set1(scale), vd = set1(rounding), vf = set1(flush);
+  const auto bound = [&](int64_t t) { return fma(load(slack + t), vs, fma(load(low_norms + t), vd, vf)); };
+  const auto bound_at = [&](int64_t t) { return slack[t] * scale + (low_norms[t] * rounding + flush); };
+  const int64_t whole = vocab / kLanes * kLanes;
+  Vec floors = set1(-kInfinity);
+  for (int64_t t = 0; t < whole; t += kLanes) floors = max(floors, sub(load(row + t), bound(t)));
+  float floor = max_lanes(floors);
+  for (int64_t t = whole; t < vocab; ++t) floor = std::max(floor, row[t] - bound_at(t));
+  const Vec vfloor = set1(floor), minus_infinity = set1(-kInfinity);
+  for (int64_t t = 0; t < whole; t += kLanes) {
+    uint32_t kept = at_least(add(load(row + t), bound(t)), vfloor);
+    store(row + t, minus_infinity);
+    for (; kept; kept &= kept - 1) {
+      const int64_t token = t + __builtin_ctz(kept);
+      row[token] = dot(x, weight + token * k, k);
+    }
+  }
+  for (int64_t t = whole; t < vocab; ++t)
+    row[t] = row[t] + bound_at(t) >= floor ? dot(x, weight + t * k, k) : -kInfinity;
+}
+
+}  // namespace
+
+// x: [R, K] float32; low: [V, K] bfloat16, weight's copy with what vdpbf16ps reads as zero made zero; weight:
+// [V, K] float32; slack, low_norms: [V] float32 (greedy_screen.py). With round_input (where
+// bfloat16_dot_available()) x is rounded to bfloat16 for the products and its rounding bounded. Returns [R, V]:
+// each row's candidates with their float32 logits, every other token -inf.
+torch::Tensor greedy_screen_logits(torch::Tensor x, torch::Tensor low, torch::Tensor weight, torch::Tensor slack,
+                                   torch::Tensor low_norms, bool round_input, double safety, double flush) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [R, K] float32");
+  TORCH_CHECK(low.dim() == 2 && low.scalar_type() == torch::kBFloat16 && low.is_contiguous() &&
+                  low.size(1) == x.size(1),
+              "low: contiguous [V, K] bfloat16");
+  TORCH_CHECK(weight.scalar_type() == torch::kFloat32 && weight.is_contiguous() && weight.sizes() == low.sizes(),
+              "weight: contiguous [V, K] float32");
+  for (const auto& t : {slack, low_norms})
+    TORCH_CHECK(t.scalar_type() == torch::kFloat32 && t.is_contiguous() && t.numel() == low.size(0),
+                "slack, low_norms: [V] float32");
+  TORCH_CHECK(!round_input || bfloat16_dot_available(), "this CPU does not multiply bfloat16 pairs");
+  const int64_t rows = x.size(0), k = x.size(1), vocab = low.size(0);
+  const float* xp = x.data_ptr<float>();
+  std::vector<uint16_t> rounded(round_input ? rows * k : 0);
+  std::vector<float> scale(rows), rounding(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    double norm = 0, off = 0;
+    for (int64_t i = 0; i < k; ++i) {
+      const float v = xp[r * k + i];
+      norm += static_cast<double>(v) * v;
+      if (round_input) {
+        const uint16_t half = rounded[r * k + i] = round_to_bfloat16(v);
+        const double d = static_cast<double>(v) - widened(half);
+        off += d * d;
+      }
+    }
+    rounding[r] = static_cast<float>(safety * std::sqrt(off));
+    scale[r] = static_cast<float>(safety * std::sqrt(norm)) + rounding[r];
+  }
+  auto out = torch::empty({rows, vocab}, x.options());
+  float* op = out.data_ptr<float>();
+  const uint16_t* lp = reinterpret_cast<const uint16_t*>(low.data_ptr<at::BFloat16>());
+  bfloat16_products(xp, round_input ? rounded.data() : nullptr, rows, lp, vocab, k, op);
+  const float *wp = weight.data_ptr<float>(), *sp = slack.data_ptr<float>(), *np = low_norms.data_ptr<float>();
+  at::parallel_for(0, rows, 1, [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r)
+      select(op + r * vocab, xp + r * k, wp, vocab, k, sp, np, scale[r], rounding[r], static_cast<float>(flush));
+  });
+  return out;
+}
