@@ -10,7 +10,6 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -120,33 +119,19 @@ void last_tile(int64_t left, const typename Ops::Input* x, const uint16_t* w, in
 
 template <typename Ops>
 void linear(const typename Ops::Input* x, int64_t rows, const uint16_t* w, int64_t n, int64_t k, float* out) {
-  if (rows == 1) {  // one sequence: as many weight rows side by side as keep the memory busy
-    weight_rows::for_each_row_group<kStreams>(n, weight_rows::kSmallestChunk, [&](auto cols, const int64_t* ns) {
-      tile<Ops, 1, cols()>(x, w, k, ns, out, n);
-    });
-    return;
-  }
-  // A tile's sums: kTileRows x 4. While the tiles use 4 weight rows, the 4 after them go into L2, a share before
-  // each tile, as dense_linear's tiles do: at 32 rows the hardware's prefetcher fell behind, and the weights'
-  // reads from memory and the tiles' arithmetic added up (the 49152 x 576 layer 7.1 ms, AMD EPYC Zen 4).
-  const int64_t tiles = (rows + Ops::kTileRows - 1) / Ops::kTileRows, row_lines = k * 2 / 64;
-  weight_rows::for_each_row_group<4>(n, weight_rows::kSmallestChunk, [&](auto cols, const int64_t* ns) {
-    const int64_t lines = cols() * row_lines, per_tile = (lines + tiles - 1) / tiles;
-    int64_t line = 0;
-    const auto prefetch_share = [&]() {
-      for (const int64_t end = std::min(line + per_tile, lines); line < end; ++line) {
-        const char* next = reinterpret_cast<const char*>(w + (ns[line / row_lines] + 1) * k);
-        _mm_prefetch(next + (line % row_lines) * 64, _MM_HINT_T1);
-      }
-    };
+  const auto kernel = [&](auto cols, const int64_t* ns) {
     int64_t r = 0;
-    for (; r + Ops::kTileRows <= rows; r += Ops::kTileRows) {
-      prefetch_share();
+    for (; r + Ops::kTileRows <= rows; r += Ops::kTileRows)
       tile<Ops, Ops::kTileRows, cols()>(x + r * k, w, k, ns, out + r * n, n);
-    }
-    prefetch_share();
     last_tile<Ops, Ops::kTileRows - 1, cols()>(rows - r, x + r * k, w, k, ns, out + r * n, n);
-  });
+  };
+  // One sequence: as many weight rows side by side as keep the memory busy. More: a tile's sums, kTileRows x 4.
+  // (Prefetching the next 4 weight rows into L2, as dense_linear's tiles do, changed nothing here at 8 to 64
+  // rows on an AMD EPYC Zen 4.)
+  if (rows == 1)
+    weight_rows::for_each_row_group<kStreams>(n, weight_rows::kSmallestChunk, kernel);
+  else
+    weight_rows::for_each_row_group<4>(n, weight_rows::kSmallestChunk, kernel);
 }
 
 }  // namespace
