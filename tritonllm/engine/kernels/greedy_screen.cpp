@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -22,23 +21,12 @@ namespace {
 
 constexpr float kInfinity = std::numeric_limits<float>::infinity();
 
-// v rounded to the nearest bfloat16 (ties to even), and to zero where that is below the smallest normal, which
-// vdpbf16ps reads as zero.
-uint16_t round_to_bfloat16(float v) {
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  if (std::isnan(v)) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  bits += 0x7FFF + ((bits >> 16) & 1);
-  uint16_t half = static_cast<uint16_t>(bits >> 16);
-  if ((half & 0x7F80) == 0) half &= 0x8000;
+// v as the bfloat16 vdpbf16ps reads: rounded to the nearest (ties to even) as PyTorch rounds the weight's copy,
+// and zero where that is below the smallest normal, which vdpbf16ps reads as zero.
+at::BFloat16 round_to_bfloat16(float v) {
+  at::BFloat16 half(v);
+  if ((half.x & 0x7F80) == 0) half.x &= 0x8000;
   return half;
-}
-
-float widened(uint16_t half) {
-  const uint32_t bits = static_cast<uint32_t>(half) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
 }
 
 // Row r's products in place -> its candidates' float32 logits (x . w[t] as dense_linear sums it), others -inf.
@@ -95,8 +83,9 @@ torch::Tensor greedy_screen_logits(torch::Tensor x, torch::Tensor low, torch::Te
       const float v = xp[r * k + i];
       norm += static_cast<double>(v) * v;
       if (round_input) {
-        const uint16_t half = rounded[r * k + i] = round_to_bfloat16(v);
-        const double d = static_cast<double>(v) - widened(half);
+        const at::BFloat16 half = round_to_bfloat16(v);
+        rounded[r * k + i] = half.x;
+        const double d = static_cast<double>(v) - static_cast<float>(half);
         off += d * d;
       }
     }
