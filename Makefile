@@ -6,7 +6,7 @@ CLI := $(VENV)/bin/tritonllm
 MODELS ?= models
 PYTEST_ARGS ?=
 
-.PHONY: install kernels clients system-deps model serve test test-slow test-instances soak bench bench-peers bench-speculation bench-footprint bench-kv-cache-dtype bench-start-time lint configs perf-analyzer clean
+.PHONY: install kernels clients system-deps model serve test test-slow test-gpu test-instances soak bench bench-peers bench-speculation bench-footprint bench-kv-cache-dtype bench-start-time lint configs perf-analyzer clean
 
 install: $(VENV)/.installed
 
@@ -77,6 +77,11 @@ test: install kernels clients $(MODELS)/tiny/config.json $(MODELS)/$(DEFAULT_MOD
 
 test-slow: install kernels clients $(MODELS)/tiny/config.json
 	TRITONLLM_CLIENTS_VENV=$(CLIENTS_VENV) $(PY) -m pytest -m slow $(PYTEST_ARGS)
+
+# The engine on a CUDA device against transformers there (tests/gpu): on a GPU machine, with a CUDA build of torch
+# (on Linux PyPI's torch==2.13.0 is one). They fail, not skip, where no CUDA device is found.
+test-gpu: install $(MODELS)/tiny/config.json
+	$(PY) -m pytest tests/gpu -m gpu $(PYTEST_ARGS)
 
 # The integration suite, the cancellation storm included, on a tritonserver whose llm has two instances
 test-instances: install kernels clients $(MODELS)/tiny/config.json

@@ -308,7 +308,13 @@ class TritonEnsemble(EnsembleStreams, contextlib.AbstractContextManager):
 def machine() -> dict:
     """What a figure was measured on: the CPU by name and the vector instruction sets it offers, since the same
     code runs at different ratios on Intel with AVX-512 and on AMD with AVX2 only."""
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(package: str) -> str:
+        try:
+            return version(package)
+        except PackageNotFoundError:  # a GPU machine that runs only the engine (decode_step.py)
+            return "absent"
 
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     names = [line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")]
@@ -320,10 +326,10 @@ def machine() -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": version("transformers"),
-        "tritonclient": version("tritonclient"),
+        "tritonclient": installed("tritonclient"),
         "tritonserver": "2.51.0 (nvidia-pytriton 0.7.0)",
         "threads": torch.get_num_threads(),
-    }
+    } | ({"gpu": torch.cuda.get_device_name()} if torch.cuda.is_available() else {})
 
 
 def bench_model(name: str, cases: str, w: Workload, sample_a: int, repeat: int) -> list[Result]:

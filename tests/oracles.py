@@ -38,7 +38,7 @@ def beam_search(
 
     `bias` is added to the end token's log-prob, so that beams end at different lengths."""
     out = hf_model.generate(
-        torch.tensor([prompt]),
+        torch.tensor([prompt], device=hf_model.device),
         max_new_tokens=max_new_tokens,
         num_beams=width,
         num_return_sequences=width,

@@ -16,7 +16,9 @@ WIDTH, NEW_TOKENS = 4, 12
 
 def end_id_and_bias(hf_model, prompt: list[int]) -> tuple[int, float]:
     """An end token the model likes enough (after a bias) that beams finish at different lengths."""
-    greedy = hf_model.generate(torch.tensor([prompt]), max_new_tokens=4, do_sample=False, pad_token_id=0)
+    greedy = hf_model.generate(
+        torch.tensor([prompt], device=hf_model.device), max_new_tokens=4, do_sample=False, pad_token_id=0
+    )
     return int(greedy[0, len(prompt) + 2]), 2.5
 
 
