@@ -1,6 +1,7 @@
 """The greedy screen (engine/greedy_screen.py) against the whole float32 output layer: the bfloat16 kernel sums as
-float32 does, the screen's argmax is the layer's even where tokens are closer than bfloat16 can tell apart, the
-candidates keep their float32 logits, and the engine screens only the steps that need nothing but the argmax."""
+float32 does, the screen's argmax is the layer's even where tokens are closer than its copies (bfloat16, and
+8-bit blocks for one row) can tell apart, the candidates keep their float32 logits, and the engine screens only
+the steps that need nothing but the argmax."""
 
 from __future__ import annotations
 
@@ -73,23 +74,36 @@ def near_ties(vocab: int = 4096, width: int = 576, seed: int = 0) -> tuple[torch
     return weight, hidden
 
 
-def test_the_screens_argmax_is_the_float32_layers_where_bfloat16_cannot_tell_the_tokens_apart(kernels):
+def eight_bit_blocks(weight: torch.Tensor) -> torch.Tensor:
+    """The values of the screen's copy in 8-bit blocks of 32 (a scale per block: its largest magnitude over 127)."""
+    blocks = weight.reshape(len(weight), -1, 32)
+    scales = blocks.abs().amax(dim=2, keepdim=True) / 127
+    return ((blocks / scales).round() * scales).reshape(weight.shape)
+
+
+@pytest.mark.parametrize("copy", ["bfloat16", "8-bit blocks"])
+def test_the_screens_argmax_is_the_float32_layers_where_its_copy_cannot_tell_the_tokens_apart(kernels, copy):
+    """The 8-bit copy serves steps of up to `block_rows` rows, the bfloat16 one (where there is one) larger steps."""
     weight, hidden = near_ties()
     screen = GreedyScreen(weight)
+    if copy == "bfloat16" and screen.low is None:
+        pytest.skip("this CPU does not multiply bfloat16 pairs: the 8-bit copy serves every screened step")
     full = F.linear(hidden, weight)
-    low = F.linear(hidden, weight.bfloat16().float())
-    assert (low.argmax(1) != full.argmax(1)).any(), "the case must be one where bfloat16's own argmax is wrong"
-    step = greedy_screen.max_rows()
+    low = F.linear(hidden, weight.bfloat16().float() if copy == "bfloat16" else eight_bit_blocks(weight))
+    assert (low.argmax(1) != full.argmax(1)).any(), "the case must be one where the copy's own argmax is wrong"
+    step = greedy_screen.max_rows() if copy == "bfloat16" else screen.block_rows
+    assert copy == "bfloat16" or step >= 1
     for start in range(0, len(hidden), step):
         rows = hidden[start : start + step]
         screened = screen.logits(rows)
         assert screened.argmax(1).tolist() == full[start : start + len(rows)].argmax(1).tolist()
 
 
-def test_the_candidates_keep_their_float32_logits_and_every_other_token_is_minus_infinity(kernels):
+@pytest.mark.parametrize("rows", [1, 4])
+def test_the_candidates_keep_their_float32_logits_and_every_other_token_is_minus_infinity(kernels, rows):
     weight, hidden = near_ties(seed=1)
-    screened = GreedyScreen(weight).logits(hidden[:4])
-    full = F.linear(hidden[:4], weight)
+    screened = GreedyScreen(weight).logits(hidden[:rows])
+    full = F.linear(hidden[:rows], weight)
     kept = torch.isfinite(screened)
     assert kept.sum(1).ge(2).all() and kept.sum(1).le(64).all()  # both of the tied tokens, and few others
     torch.testing.assert_close(screened[kept], full[kept], rtol=1e-6, atol=1e-5)

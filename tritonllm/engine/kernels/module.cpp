@@ -14,6 +14,8 @@ torch::Tensor bfloat16_linear(torch::Tensor x, torch::Tensor weight);
 bool bfloat16_dot_available();
 torch::Tensor greedy_screen_logits(torch::Tensor x, torch::Tensor low, torch::Tensor weight, torch::Tensor slack,
                                    torch::Tensor low_norms, bool round_input, double safety, double flush);
+torch::Tensor greedy_screen_logits_q8(torch::Tensor x, torch::Tensor q, torch::Tensor scales, torch::Tensor weight,
+                                      torch::Tensor slack, double safety);
 torch::Tensor dequantize(torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins, int64_t bits);
 
 void bind_decoder_layers(pybind11::module& m);
@@ -29,6 +31,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("bfloat16_dot") = bfloat16_dot_available();  // bfloat16_linear takes x in bfloat16 too
   m.def("greedy_screen_logits", &greedy_screen_logits,
         "A greedy step's candidate tokens with their float32 logits, every other token -inf (CPU)", no_gil);
+  m.def("greedy_screen_logits_q8", &greedy_screen_logits_q8,
+        "greedy_screen_logits from the output layer's copy in 8-bit blocks (CPU)", no_gil);
   bind_decoder_layers(m);
   m.def("dequantize", &dequantize, "A block-quantized weight as float32 (CPU)", no_gil);
 }
