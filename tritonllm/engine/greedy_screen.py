@@ -16,8 +16,8 @@ For every token it bounds how far its float32 logit can be from that product:
 (the weight's and the input's rounding, by Cauchy-Schwarz, plus float32 summation in any order of K products,
 gamma = K u / (1 - K u), u = 2^-24; w' the copy's values, x' the input in bfloat16, or x itself where it is not
 rounded), plus what vdpbf16ps flushes to zero. A token whose product plus its bound is below the largest product
-minus that token's bound cannot be the float32 argmax; the others (the candidates, a handful when the model is sure) get their
-float32 logits, summed as the unscreened layer (kernels/dense_linear.cpp) sums them, bit for bit
+minus that token's bound cannot be the float32 argmax; the others (the candidates, a handful when the model is
+sure) get their float32 logits, summed as the unscreened layer (kernels/dense_linear.cpp) sums them, bit for bit
 (kernels/greedy_screen.cpp). What a step returns is those logits, every other token -inf: its argmax is the one
 the whole layer gives.
 
