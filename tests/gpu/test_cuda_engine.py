@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 from unit.test_beam_search import beam_params, end_id_and_bias, hf_beams
-from unit.test_engine import random_prompts, run
+from unit.test_engine import check_staggered_greedy, random_prompts, reference, run
 
 from tritonllm.engine.engine import EngineConfig, LLMEngine
 from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import FinishReason, Sequence
+from tritonllm.engine.sequence import Sequence
 
 pytestmark = pytest.mark.gpu
 
@@ -56,12 +56,6 @@ def make_engine(model_dir, dtype: str, **overrides) -> LLMEngine:
     return LLMEngine(EngineConfig(str(model_dir), device="cuda", dtype=dtype, **settings | overrides))
 
 
-def greedy_reference(hf_model, prompt: list[int], max_new_tokens: int) -> list[int]:
-    ids = torch.tensor([prompt], device=hf_model.device)
-    out = hf_model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
-    return out[0, len(prompt) :].tolist()
-
-
 def prompt_logprobs(hf_model, prompt: list[int]) -> torch.Tensor:
     with torch.no_grad():
         logits = hf_model(torch.tensor([prompt], device=hf_model.device)).logits[0, :-1].float()
@@ -69,16 +63,9 @@ def prompt_logprobs(hf_model, prompt: list[int]) -> torch.Tensor:
 
 
 def test_float32_greedy_equals_generate_on_the_device(tiny_model_dir, cuda):
-    hf_model = hf_on(tiny_model_dir, cuda, torch.float32)
     engine = make_engine(tiny_model_dir, "float32", max_num_batched_tokens=48)  # prompts chunked, mixed steps
     assert engine.runner.device.type == "cuda" and engine.runner.decoder_stack is None
-    prompts = random_prompts(16, seed=1)
-    seqs = [Sequence(p, SamplingParams(max_tokens=24)) for p in prompts]
-    run(engine, seqs, arrive_every=2)
-    for prompt, seq in zip(prompts, seqs, strict=True):
-        assert seq.finish_reason is FinishReason.LENGTH
-        assert seq.output_ids == greedy_reference(hf_model, prompt, 24), f"prompt of {len(prompt)} tokens"
-    assert engine.blocks.num_free == engine.blocks.num_blocks
+    check_staggered_greedy(engine, hf_on(tiny_model_dir, cuda, torch.float32))
 
 
 def test_a_cached_prefix_gives_the_same_answer(tiny_model_dir, cuda):
@@ -89,7 +76,7 @@ def test_a_cached_prefix_gives_the_same_answer(tiny_model_dir, cuda):
     run(engine, [first])
     run(engine, [second])
     assert engine.blocks.prefix_hit_tokens > 0
-    assert first.output_ids == second.output_ids == greedy_reference(hf_model, prompt, 16)
+    assert first.output_ids == second.output_ids == reference(hf_model, prompt, 16)
 
 
 def test_bfloat16_is_no_further_from_float32_than_transformers_bfloat16(bfloat16_model_dir, cuda):

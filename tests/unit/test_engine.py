@@ -35,14 +35,13 @@ def random_prompts(n: int, seed: int, max_len: int = 70) -> list[list[int]]:
 
 
 def reference(hf_model, prompt: list[int], max_new_tokens: int, eos: int | None = None) -> list[int]:
-    out = hf_model.generate(
-        torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=0
-    )
+    ids = torch.tensor([prompt], device=hf_model.device)
+    out = hf_model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=0)
     return out[0, len(prompt) :].tolist()
 
 
-def test_greedy_equals_transformers_generate_with_staggered_arrivals(tiny_model_dir, hf_model):
-    engine = make_engine(tiny_model_dir, max_num_batched_tokens=48)  # small budget: prompts are chunked
+def check_staggered_greedy(engine: LLMEngine, hf_model) -> None:
+    """16 prompts arriving every 2 steps: each greedy answer equals generate()'s, every KV block comes back."""
     prompts = random_prompts(16, seed=1)
     seqs = [Sequence(p, SamplingParams(max_tokens=24)) for p in prompts]
     run(engine, seqs, arrive_every=2)
@@ -50,6 +49,10 @@ def test_greedy_equals_transformers_generate_with_staggered_arrivals(tiny_model_
         assert seq.finish_reason is FinishReason.LENGTH
         assert seq.output_ids == reference(hf_model, prompt, 24), f"prompt of {len(prompt)} tokens"
     assert engine.blocks.num_free == engine.blocks.num_blocks
+
+
+def test_greedy_equals_transformers_generate_with_staggered_arrivals(tiny_model_dir, hf_model):
+    check_staggered_greedy(make_engine(tiny_model_dir, max_num_batched_tokens=48), hf_model)  # prompts chunked
 
 
 def test_end_id_stops_like_generate(tiny_model_dir, hf_model):
