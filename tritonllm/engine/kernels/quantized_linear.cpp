@@ -52,8 +52,9 @@ inline void dequantize_block(const uint8_t* row, int64_t bits, int64_t b, BlockS
 // their values from a table of the 16 a block can hold, scale * i + min for i = 0..15 (the same fused step, so the
 // same bits), looked up by each nibble (vpermps reads an index's low 4 bits): one fused step a block instead of
 // one a value, and no integers converted to floats. One sequence's Q4_1 decode waits on this arithmetic, not on
-// memory (SmolLM2's layers read at 16 GB/s where the machine reads 34): AMD EPYC Zen 4, SmolLM2's 120 Q4_1
-// matrices for one row, the two kernels alternating in one process, 5.07 -> 4.55 ms.
+// memory (SmolLM2's layers read at 16 GB/s where the machine reads 34). AMD EPYC Zen 4, SmolLM2's 120 Q4_1
+// matrices for one row, a copy of the one-row loop, variants alternating in one process: 5.07 -> 4.55 ms with 8
+// rows side by side; the kernel before and after this and the two changes below: 5.46 -> 4.16 ms.
 inline void load_block(const uint8_t* row, int64_t bits, int64_t b, BlockScale scale, float min, __m512 w[2]) {
   if (bits == 8) {
     const __m512 low = _mm512_set1_ps(scale.low), high = _mm512_set1_ps(scale.high), zero = _mm512_setzero_ps();
@@ -105,8 +106,8 @@ void few_rows_times_weight_row(const float* x, int64_t x_stride, const float*, c
 
 // One input row against COLS weight rows ns[0..COLS) (weight_rows::for_each_row_group's), each output summed exactly
 // as rows_times_weight_row<1> sums it. 4-bit rows 4 at a time: their blocks come with 3 streams each (values,
-// scales, mins), and 8 rows' 24 streams were slower (Zen 4, as above: 4.55 ms with 8, 3.88 with 4, the same with
-// 2 or 3, 4.25 with 6).
+// scales, mins), and 8 rows' 24 streams were slower (Zen 4, the copy of the loop with the table: 4.55 ms with 8,
+// 3.88 with 4, the same with 2 or 3, 4.25 with 6).
 constexpr int kStreams = 8;
 constexpr int kStreams4Bit = 4;
 template <int BITS, int COLS>
