@@ -92,7 +92,6 @@ def test_the_screens_argmax_is_the_float32_layers_where_its_copy_cannot_tell_the
     low = F.linear(hidden, weight.bfloat16().float() if copy == "bfloat16" else eight_bit_blocks(weight))
     assert (low.argmax(1) != full.argmax(1)).any(), "the case must be one where the copy's own argmax is wrong"
     step = greedy_screen.max_rows() if copy == "bfloat16" else screen.block_rows
-    assert copy == "bfloat16" or step >= 1
     for start in range(0, len(hidden), step):
         rows = hidden[start : start + step]
         screened = screen.logits(rows)

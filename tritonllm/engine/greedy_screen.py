@@ -60,9 +60,18 @@ class GreedyScreen:
         self.weight = weight.detach()
         kernels = cpu_kernels.native()
         k = self.weight.shape[1]
-        self.gamma = k * _UNIT_ROUNDOFF / (1 - k * _UNIT_ROUNDOFF)
-        self.norms = self.weight.norm(dim=1)
-        self.blocks = self._blocks() if k % BLOCK == 0 else None
+        gamma = k * _UNIT_ROUNDOFF / (1 - k * _UNIT_ROUNDOFF)
+        norms = self.weight.norm(dim=1)
+
+        def slack(copy: torch.Tensor) -> torch.Tensor:
+            """Per token, what multiplies ||x|| + ||x - x'|| in the bound, for a copy whose values are `copy`."""
+            rounding = (self.weight - copy).norm(dim=1)
+            return _SAFETY * (rounding + gamma * (2 * norms + rounding))
+
+        self.blocks = None  # values, scales and slack of the copy in 8-bit blocks
+        if k % BLOCK == 0:
+            q, scales = _eight_bit_blocks(self.weight)
+            self.blocks = q, scales, slack(kernels.dequantize(q, scales, torch.empty(0), 8))
         self.block_rows = 0 if self.blocks is None else BLOCK_ROWS if kernels.bfloat16_dot else max_rows()
         self.low = None
         if self.block_rows < max_rows():
@@ -70,21 +79,8 @@ class GreedyScreen:
             self.low = torch.where(low.abs() < _SMALLEST_NORMAL, 0, low)  # as vdpbf16ps reads it
             self.rounds_input = bool(kernels.bfloat16_dot)
             self.low_norms = _SAFETY * self.low.float().norm(dim=1)
-            self.slack = self._slack(self.low.float())
+            self.slack = slack(self.low.float())
             self.flush = 2 * (k + 64) * _SMALLEST_NORMAL  # each flushed sum is off by less than the smallest normal
-
-    def _slack(self, copy: torch.Tensor) -> torch.Tensor:
-        """Per token, what multiplies ||x|| + ||x - x'|| in the bound, for a copy whose values are `copy`."""
-        rounding = (self.weight - copy).norm(dim=1)
-        return _SAFETY * (rounding + self.gamma * (2 * self.norms + rounding))
-
-    def _blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The copy in 8-bit blocks: values, scales (each block's largest magnitude over 127) and slack."""
-        blocks = self.weight.reshape(len(self.weight), -1, BLOCK)
-        scales = blocks.abs().amax(dim=2) / 127
-        divided = blocks / torch.where(scales > 0, scales, 1)[..., None]
-        q = divided.round().clamp(-127, 127).to(torch.int8).reshape(self.weight.shape)
-        return q, scales, self._slack(cpu_kernels.native().dequantize(q, scales, torch.empty(0), 8))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [R, K] float32, R <= max_rows(). [R, vocab] float32: each row's candidates with their float32
@@ -116,6 +112,15 @@ class GreedyScreen:
             and weight.device.type == "cpu"
             and cpu_kernels.native() is not None
         )
+
+
+def _eight_bit_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [V, K] in blocks of 32 values: int8 values [V, K] and float32 scales [V, K / 32] (each block's largest
+    magnitude over 127, the values rounded to the nearest), GGUF's Q8_0 layout with float32 scales."""
+    blocks = weight.reshape(len(weight), -1, BLOCK)
+    scales = blocks.abs().amax(dim=2) / 127
+    divided = blocks / torch.where(scales > 0, scales, 1)[..., None]
+    return divided.round().clamp(-127, 127).to(torch.int8).reshape(weight.shape), scales
 
 
 def screenable(seq: Sequence) -> bool:
