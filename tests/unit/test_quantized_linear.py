@@ -72,7 +72,7 @@ def test_other_formats_are_not_taken():
 
 
 @pytest.mark.parametrize("kind", FORMATS)
-@pytest.mark.parametrize("rows", [1, 3, 4, 8, 13, 32, quantized_linear.GEMM_ROWS + 5])
+@pytest.mark.parametrize("rows", [1, 3, 4, 8, 13, 32, 64, 200, quantized_linear.GEMM_ROWS + 5])
 @pytest.mark.parametrize("out_features", [96, 1003])  # 1003: threads take a series of shrinking chunks, then a tail
 def test_the_layer_equals_a_float32_linear_over_the_dequantized_weight(kind, rows, out_features):
     blocks, reference = quantized(kind, out_features)
@@ -93,7 +93,7 @@ def rounded_to_int8_blocks(x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("kind", INT8_FORMATS)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 8, 13])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 8, 13, 64, 200])
 def test_int8_activations_multiply_the_input_rounded_to_8_bit_blocks(kind, rows):
     blocks, reference = quantized(kind, in_features=576)
     bias = torch.randn(blocks.shape[0])

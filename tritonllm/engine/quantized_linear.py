@@ -40,9 +40,12 @@ from . import cpu_kernels
 log = logging.getLogger(__name__)
 
 BLOCK = 32
-# From this many rows up, dequantize-then-GEMM beats the block kernel. Measured on SmolLM2 Q4_1, 2 cores: a
-# decode step of 32 sequences takes 95 ms in the kernel and 120 ms dequantizing; prefill chunks are hundreds.
-GEMM_ROWS = 64
+# From this many rows up, dequantize-then-GEMM beats the block kernel (which widens a chunk of weight rows at a time
+# into the float32 tiles): dequantizing writes the whole weight in float32 every step. SmolLM2 Q4_1, a prompt of n
+# tokens through the decoder stack, AMD EPYC Zen 4, ms for dequantize-then-GEMM / the block kernel: n = 64 355 / 110,
+# 128 452 / 221, 256 554 / 413, 512 976 / 850, 1024 2063 / 2035; built for AVX2 only: 64 346 / 116, 256 600 / 446,
+# 512 950 / 939, 1024 2083 / 2310; int8_activations: 64 244 / 137, 256 610 / 496, 512 981 / 1049, 1024 2143 / 2666.
+GEMM_ROWS = 512
 
 
 @dataclass
