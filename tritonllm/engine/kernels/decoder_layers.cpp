@@ -98,7 +98,7 @@ void silu_and_mul(const torch::Tensor& gate_up, torch::Tensor& out) {
 // How many rows a projection takes before the BLAS GEMM does better than the project's kernels (native_linear.py's
 // NATIVE_ROWS for float32, quantized_linear.py's GEMM_ROWS for blocks, which are widened to float32 for it).
 struct GemmRows {
-  int64_t dense = 48, quantized = 64;
+  int64_t dense = 64, quantized = 512;
 };
 
 // One linear layer: float32 weights [N, K] (bits 0), or GGUF blocks of 8 or 4 bits as quantized_linear.cpp
