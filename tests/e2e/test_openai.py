@@ -350,8 +350,8 @@ def test_chat_logprobs_n_and_timings(openai_client):
         for token in content:
             assert token.logprob <= 0 and len(token.top_logprobs) == 3
             assert token.top_logprobs[0].logprob >= token.logprob - 1e-5
-    extra = response.model_extra
-    assert extra["prefill_time"] > 0 and len(extra["decode_time_arr"]) >= 1
+    extra = response.model_extra  # a time for each token after the first, however the server merged them
+    assert extra["prefill_time"] > 0 and len(extra["decode_time_arr"]) == 5
 
 
 def test_completions_logprobs_echo_suffix_and_usage_arrays(openai_client):

@@ -39,7 +39,7 @@ class Choice:
     completion_tokens: int = 0
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
-    arrivals: list[float] = field(default_factory=list)
+    arrivals: list[tuple[float, int]] = field(default_factory=list)  # each chunk's arrival and its tokens
     batch_sizes: list[int] = field(default_factory=list)
     queue_waits: list[int] = field(default_factory=list)
     # a reasoning model's: its thinking apart from its answer, and the last piece's share of each
@@ -62,7 +62,7 @@ class Choice:
         self.prompt_tokens, self.completion_tokens = chunk.num_input_tokens, chunk.num_output_tokens
         self.accepted_prediction_tokens = chunk.accepted_prediction_tokens
         self.rejected_prediction_tokens = chunk.rejected_prediction_tokens
-        self.arrivals.append(chunk.arrived)
+        self.arrivals.append((chunk.arrived, chunk.num_tokens))
         # Per token: the batch it was generated in, and the time it waited in the queue (only the first did).
         for _ in range(max(chunk.num_tokens, 1)):
             self.batch_sizes.append(chunk.batch_size)
@@ -232,10 +232,17 @@ class Render:
         return bool(options and options.include_usage)
 
     def timings(self, choice: Choice) -> dict:
-        """The spec's prefill_time (first token) and decode_time_arr (between tokens), in milliseconds."""
-        times = [self.start, *choice.arrivals]
-        gaps = [round((b - a) * 1000, 3) for a, b in zip(times, times[1:], strict=False)]
-        return {"prefill_time": gaps[0] if gaps else None, "decode_time_arr": gaps[1:]}
+        """The spec's prefill_time (to the first token) and decode_time_arr (one entry a token after the first), in
+        milliseconds. Tokens that came in one response (the server merges a stream's tokens when its sender falls
+        behind) share its gap since the one before; those that came with the first token, 0."""
+        prefill, decode, before = None, [], None
+        for arrived, tokens in (a for a in choice.arrivals if a[1]):
+            if before is None:
+                prefill, decode = round((arrived - self.start) * 1000, 3), [0.0] * (tokens - 1)
+            else:
+                decode += [round((arrived - before) * 1000 / tokens, 3)] * tokens
+            before = arrived
+        return {"prefill_time": prefill, "decode_time_arr": decode}
 
     def new_choice(self) -> Choice:
         return Choice()
