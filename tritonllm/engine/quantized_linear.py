@@ -12,8 +12,9 @@ stores Q and K rows permuted), must dequantize to exactly the float32 weight the
 must compute probes as the float32 layer does, else the layer keeps its float32 weight and the log says why. The
 verdict is kept for later starts with the same file, weights, code and kernel build (_verdict_file).
 
-A few rows (decode steps) run the native kernel over the blocks; many rows (prefill) dequantize the weight and
-use the float32 GEMM, which is faster there even counting the dequantization.
+Up to GEMM_ROWS - 1 rows (decode steps, and prompt chunks up to 511 tokens) run the native kernel over the
+blocks; more rows dequantize the weight and use the float32 GEMM, which is faster there even counting the
+dequantization.
 """
 
 from __future__ import annotations
