@@ -102,3 +102,43 @@ def test_prompt_chunks_beside_decodes_go_through_the_stack_exactly(families):
         mixed += 1 in grew and any(n > 1 for n in grew)
     assert mixed, "no step carried a prompt chunk beside a decode"
     assert [s.output_ids for s in seqs] == expected
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "bfloat16", "int8"])
+@pytest.mark.parametrize("family", ["llama", "qwen2_full"])
+def test_the_phased_forward_gives_the_bits_of_a_region_per_operation(families, family, kv_cache_dtype):
+    """Steps of up to NATIVE_ROWS float32 rows go through one parallel region of phases whose units a waiting
+    thread recomputes when their owner overruns (phase_board.h). Over random caches and inputs, its output equals
+    the region-per-operation forward's bit for bit, also when thread 1 stalls as if preempted and the other thread
+    recomputes its units."""
+    engine = LLMEngine(
+        EngineConfig(str(families[family]), num_kv_blocks=128, block_size=8, kv_cache_dtype=kv_cache_dtype)
+    )
+    stack = engine.runner.decoder_stack.stack
+    g = torch.Generator().manual_seed(3)
+    for cache in [*stack.k_cache, *stack.v_cache]:
+        cache.copy_(
+            torch.randn(cache.shape, generator=g).to(cache.dtype)
+            if cache.is_floating_point()
+            else torch.randint(-127, 128, cache.shape, generator=g, dtype=cache.dtype)
+        )
+    for scales in [*stack.k_scales, *stack.v_scales]:
+        scales.copy_(torch.rand(scales.shape, generator=g) / 50)
+    width = stack.input_norm[0].numel()
+    for rows in (1, 3, 17, 64):
+        hidden = torch.randn(rows, width, generator=g)
+        cos, sin = torch.randn(rows, stack.dim, generator=g), torch.randn(rows, stack.dim, generator=g)
+        blocks = torch.randperm(128, generator=g)[: 2 * rows].view(rows, 2)  # each row a sequence of its own
+        lengths = torch.randint(1, 17, (rows,), generator=g)
+        slots = blocks.gather(1, ((lengths - 1) // 8).unsqueeze(1)).squeeze(1) * 8 + (lengths - 1) % 8
+        args = (hidden, cos, sin, slots, blocks, lengths)
+        stack.phased = False
+        expected = stack.forward(*args)
+        stack.phased = True
+        assert torch.equal(stack.forward(*args), expected), rows
+        before = stack.recomputed
+        stack.stall = (2, 300)
+        assert torch.equal(stack.forward(*args), expected), rows
+        stack.stall = (0, 0)
+        if torch.get_num_threads() > 1:
+            assert stack.recomputed > before, "no unit was recomputed while thread 1 stalled"

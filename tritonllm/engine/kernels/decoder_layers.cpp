@@ -20,9 +20,15 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <thread>
 #include <vector>
+
+#include "paged_decode_attention.h"
+#include "phase_board.h"
 
 torch::Tensor dense_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor bias);
 torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
@@ -30,9 +36,7 @@ torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Te
 torch::Tensor quantized_linear_int8(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
                                     int64_t bits);
 torch::Tensor dequantize(torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins, int64_t bits);
-torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                                     torch::Tensor block_tables, torch::Tensor context_lens, double scale,
-                                     int64_t window, double softcap, torch::Tensor k_scales, torch::Tensor v_scales);
+void dense_unit(const float* x, int64_t rows, const float* w, int64_t n, int64_t k, float* out);
 
 namespace {
 
@@ -40,7 +44,6 @@ using Vec = at::vec::Vectorized<float>;
 
 constexpr int64_t kRowsPerTask = 16;  // rows of the element-wise work a thread takes at a time (a prefill's many)
 
-// out = weight * (x / sqrt(mean(x^2) + eps)), row by row.
 // One KV head's vector of `dim` values into an int8 cache: each value over its scale (the largest magnitude / 127),
 // rounded to nearest even, as paged_attention.quantize_heads does in PyTorch.
 void quantize_head(const float* x, int64_t dim, int8_t* out, float* scale) {
@@ -52,23 +55,25 @@ void quantize_head(const float* x, int64_t dim, int8_t* out, float* scale) {
     out[d] = s > 0.f ? static_cast<int8_t>(std::clamp(std::nearbyint(x[d] / s), -127.f, 127.f)) : 0;
 }
 
+// out = weight * (in / sqrt(mean(in^2) + eps)) for one row of n values.
+void rms_norm_row(const float* in, const float* w, float eps, int64_t n, float* o) {
+  const float squares =
+      at::vec::map_reduce_all<float>([](Vec v) { return v * v; }, [](Vec a, Vec b) { return a + b; }, in, n);
+  const float inverse = 1.f / std::sqrt(squares / n + eps);
+  for (int64_t i = 0; i < n; ++i) o[i] = w[i] * (in[i] * inverse);
+}
+
 void rms_norm(const torch::Tensor& x, const torch::Tensor& weight, float eps, torch::Tensor& out) {
   const int64_t n = x.size(1);
-  const float* w = weight.data_ptr<float>();
   at::parallel_for(0, x.size(0), kRowsPerTask, [&](int64_t first, int64_t last) {
-    for (int64_t r = first; r < last; ++r) {
-      const float* in = x.data_ptr<float>() + r * n;
-      float* o = out.data_ptr<float>() + r * n;
-      const float squares = at::vec::map_reduce_all<float>([](Vec v) { return v * v; },
-                                                            [](Vec a, Vec b) { return a + b; }, in, n);
-      const float inverse = 1.f / std::sqrt(squares / n + eps);
-      for (int64_t i = 0; i < n; ++i) o[i] = w[i] * (in[i] * inverse);
-    }
+    for (int64_t r = first; r < last; ++r)
+      rms_norm_row(x.data_ptr<float>() + r * n, weight.data_ptr<float>(), eps, n, out.data_ptr<float>() + r * n);
   });
 }
 
-// x * cos + rotate_half(x) * sin for each head of one token, rotate_half(x) = (-x[half:], x[:half]).
-void rotate(float* x, const float* cos, const float* sin, int64_t heads, int64_t dim) {
+// x * cos + rotate_half(x) * sin for each head of one token, rotate_half(x) = (-x[half:], x[:half]). Not inlined:
+// the compiler may fuse a * cos + -b * sin into one step or not, and both of the stack's paths get the same bits.
+__attribute__((noinline)) void rotate(float* x, const float* cos, const float* sin, int64_t heads, int64_t dim) {
   const int64_t half = dim / 2;
   for (int64_t h = 0; h < heads; ++h) {
     float* v = x + h * dim;
@@ -80,15 +85,18 @@ void rotate(float* x, const float* cos, const float* sin, int64_t heads, int64_t
   }
 }
 
-// out[r] = silu(gate_up[r, :n]) * gate_up[r, n:], silu(g) = g / (1 + exp(-g)).
+// out[0:n] = silu(gate[0:n]) * up[0:n], silu(g) = g / (1 + exp(-g)): each value on its own, wherever a span starts.
+void silu_times(const float* gate, const float* up, int64_t n, float* out) {
+  at::vec::map2([](Vec g, Vec u) { return g / (Vec(1.f) + g.neg().exp()) * u; }, out, gate, up, n);
+}
+
+// out[r] = silu(gate_up[r, :n]) * gate_up[r, n:].
 void silu_and_mul(const torch::Tensor& gate_up, torch::Tensor& out) {
   const int64_t n = out.size(1);
   at::parallel_for(0, out.size(0), kRowsPerTask, [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; ++r) {
       const float* gate = gate_up.data_ptr<float>() + r * 2 * n;
-      const float* up = gate + n;
-      float* o = out.data_ptr<float>() + r * n;
-      at::vec::map2([](Vec g, Vec u) { return g / (Vec(1.f) + g.neg().exp()) * u; }, o, gate, up, n);
+      silu_times(gate, gate + n, n, out.data_ptr<float>() + r * n);
     }
   });
 }
@@ -131,6 +139,52 @@ torch::Tensor project(const std::vector<Projection>& parts, const torch::Tensor&
   return torch::cat(outs, 1);
 }
 
+
+// Output columns [first, last) of projections whose outputs lie side by side, for `rows` rows of x: out[r * (last -
+// first) + j] = dot + bias, as the projection's own kernel sums it. The columns lie within one projection.
+void project_columns(const Projection* parts, size_t count_of_parts, const float* x, int64_t rows, int64_t first,
+                     int64_t last, float* out) {
+  int64_t column = 0;
+  for (size_t i = 0; i < count_of_parts; ++i) {
+    const Projection& part = parts[i];
+    const int64_t n = part.weight.size(0), k = part.weight.size(1);
+    if (first < column + n) {
+      const int64_t count = last - first;
+      dense_unit(x, rows, part.weight.data_ptr<float>() + (first - column) * k, count, k, out);
+      if (part.bias.numel()) {
+        const float* bias = part.bias.data_ptr<float>() + first - column;
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t j = 0; j < count; ++j) out[r * count + j] += bias[j];
+      }
+      return;
+    }
+    column += n;
+  }
+}
+
+// The phases' units of a projection group: column ranges of about kUnitBytes of weights each (fewer columns the
+// more rows share them, so that a unit stays a few tens of microseconds), within one projection each, at most
+// phase_board::kMaxUnits. `upto`: only the columns before it (a gate's, whose up columns a unit computes beside).
+std::vector<std::pair<int64_t, int64_t>> column_units(const std::vector<Projection>& parts, int64_t rows,
+                                                      int64_t upto = INT64_MAX) {
+  constexpr int64_t kUnitBytes = 256 << 10;
+  int64_t total = 0;
+  for (const Projection& part : parts) total += part.weight.size(0);
+  total = std::min(total, upto);
+  std::vector<std::pair<int64_t, int64_t>> units;
+  int64_t column = 0;
+  for (const Projection& part : parts) {
+    const int64_t n = std::min(part.weight.size(0), total - column), k = part.weight.size(1);
+    if (n <= 0) break;
+    int64_t size = kUnitBytes / (k * 4 * std::max<int64_t>(1, rows / 4)) / 8 * 8;
+    const int64_t fewest = (total + phase_board::kMaxUnits / 2 - 1) / (phase_board::kMaxUnits / 2);
+    size = std::max({size, int64_t{8}, (fewest + 7) / 8 * 8});
+    for (int64_t first = 0; first < n; first += size) units.emplace_back(column + first, column + std::min(n, first + size));
+    column += n;
+  }
+  return units;
+}
+
 struct DecoderLayers {
   // Per layer.
   std::vector<torch::Tensor> input_norm, post_norm, k_cache, v_cache;
@@ -140,6 +194,15 @@ struct DecoderLayers {
   int64_t heads, kv_heads, dim;
   double eps, scale;
   GemmRows gemm;
+  // Steps the phased forward serves (float32 projections, rows within gemm.dense) go through it; false: the
+  // parallel region per operation as for every other step (an A/B switch).
+  bool phased = true;
+  // Fault injection for tests: thread 1 sleeps stall.second microseconds before every stall.first-th unit it takes,
+  // as if preempted, so that the other threads recompute its units. (0, 0): never.
+  std::pair<int64_t, int64_t> stall{0, 0};
+  // Units recomputed by a thread that found them taken past the grace period, over this object's life.
+  mutable std::atomic<int64_t> recomputed{0};
+  mutable torch::Tensor workspace;  // the phased forward's buffers, kept from step to step
 
   // hidden: [B, H], B fed tokens; cos, sin: [B, dim]; slots: [B] cache slot of each token; block_tables
   // [B, max_blocks] (each row its sequence's table) and context_lens [B] (each row's position + 1) as
@@ -149,6 +212,8 @@ struct DecoderLayers {
     TORCH_CHECK(hidden.dim() == 2 && hidden.scalar_type() == torch::kFloat32, "hidden: [B, H] float32");
     TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.size(1) == dim, "cos, sin: contiguous [B, dim]");
     TORCH_CHECK(slots.scalar_type() == torch::kLong && slots.numel() == hidden.size(0), "slots: [B] int64");
+    if (phased_serves(hidden.size(0)))
+      return forward_phased(hidden.contiguous(), cos, sin, slots, block_tables.contiguous(), context_lens.contiguous());
     const int64_t batch = hidden.size(0), q_size = heads * dim, kv_size = kv_heads * dim;
     const int64_t intermediate = down[0].bits ? down[0].weight.size(1) * 8 / down[0].bits : down[0].weight.size(1);
     torch::Tensor x = hidden.contiguous().clone();  // the residual stream
@@ -197,6 +262,156 @@ struct DecoderLayers {
     }
     return x;
   }
+
+  bool phased_serves(int64_t rows) const {
+    if (!phased || rows > gemm.dense) return false;
+    for (size_t l = 0; l < qkv.size(); ++l)
+      for (const auto* group : {&qkv[l], &gate_up[l]})
+        for (const Projection& p : *group)
+          if (p.bits != 0) return false;
+    for (size_t l = 0; l < o.size(); ++l)
+      if (o[l].bits != 0 || down[l].bits != 0) return false;
+    return true;
+  }
+
+  // forward() as one parallel region of phase_board phases, six a layer, each writing buffers of its own:
+  // (1) q/k/v, each thread normalizing the layer's input for itself; (2) rotary embedding, q to a buffer and k, v
+  // into the cache; (3) attention; (4) the output projection plus the residual; (5) gate and up with SiLU(gate) *
+  // up, each thread normalizing for itself; (6) the down projection plus the residual. The same arithmetic as
+  // forward()'s, so the same bits.
+  torch::Tensor forward_phased(const torch::Tensor& hidden, const torch::Tensor& cos, const torch::Tensor& sin,
+                               const torch::Tensor& slots, const torch::Tensor& block_tables,
+                               const torch::Tensor& context_lens) const {
+    const int64_t batch = hidden.size(0), width = hidden.size(1), layers = static_cast<int64_t>(qkv.size());
+    const int64_t q_size = heads * dim, kv_size = kv_heads * dim, qkv_size = q_size + 2 * kv_size;
+    const int64_t intermediate = gate_up[0].size() == 1 ? gate_up[0][0].weight.size(0) / 2 : gate_up[0][0].weight.size(0);
+    const auto qkv_units = column_units(qkv[0], batch), o_units = column_units({o[0]}, batch);
+    const auto gate_units = column_units(gate_up[0], batch, intermediate), down_units = column_units({down[0]}, batch);
+    int64_t widest = 0;
+    for (const auto* units : {&qkv_units, &o_units, &gate_units, &down_units})
+      for (const auto& [first, last] : *units) widest = std::max(widest, last - first);
+    const int64_t threads = at::get_num_threads();
+    // Per layer: q/k/v, rotated q, attention, the residual after attention, the activation, the layer's output.
+    const int64_t per_layer = batch * (qkv_size + 2 * q_size + 2 * width + intermediate);
+    // Per thread: the normalized input, a unit's columns (gate and up: twice), a rotated head's scratch.
+    const int64_t per_thread = batch * width + 2 * batch * widest + std::max(q_size, kv_size);
+    const int64_t needed = layers * per_layer + threads * per_thread;
+    if (!workspace.defined() || workspace.numel() < needed) workspace = torch::empty({needed}, hidden.options());
+    float* const base = workspace.data_ptr<float>();
+    auto layer_buffer = [&](int64_t l, int64_t offset) { return base + l * per_layer + batch * offset; };
+    const int64_t at_q = qkv_size, at_attn = at_q + q_size, at_mid = at_attn + q_size, at_act = at_mid + width,
+                  at_out = at_act + intermediate;
+    const float* input = hidden.data_ptr<float>();
+    const float* cos_p = cos.data_ptr<float>();
+    const float* sin_p = sin.data_ptr<float>();
+    const int64_t* slot = slots.data_ptr<int64_t>();
+    const float eps_f = static_cast<float>(eps);
+    phase_board::Board board(layers * 6);
+
+    auto seat_run = [&](int64_t thread) {
+      phase_board::Seat seat{&board, thread, threads};
+      float* const own = base + layers * per_layer + thread * per_thread;
+      float* const normed = own;
+      float* const columns = normed + batch * width;
+      float* const head = columns + 2 * batch * widest;
+      std::vector<float> scores;
+      int64_t taken = 0;
+      auto stalled = [&](const auto& compute) {
+        return [&, compute](int64_t u) {
+          if (stall.first > 0 && thread == 1 && ++taken % stall.first == 0)
+            std::this_thread::sleep_for(std::chrono::microseconds(stall.second));
+          compute(u);
+        };
+      };
+      auto normalize = [&](const float* x, const torch::Tensor& weight) {
+        for (int64_t b = 0; b < batch; ++b)
+          rms_norm_row(x + b * width, weight.data_ptr<float>(), eps_f, width, normed + b * width);
+      };
+      // out[b, first:last] = columns (+ residual[b, first:last]), each value stored once.
+      auto store = [&](float* out, int64_t out_width, const float* residual, int64_t first, int64_t last) {
+        const int64_t count = last - first;
+        for (int64_t b = 0; b < batch; ++b)
+          for (int64_t j = 0; j < count; ++j) {
+            const float v = columns[b * count + j];
+            out[b * out_width + first + j] = residual ? residual[b * out_width + first + j] + v : v;
+          }
+      };
+      for (int64_t l = 0; l < layers; ++l) {
+        const float* x = l ? layer_buffer(l - 1, at_out) : input;
+        float* const projected = layer_buffer(l, 0);
+        float* const q = layer_buffer(l, at_q);
+        float* const attended = layer_buffer(l, at_attn);
+        float* const mid = layer_buffer(l, at_mid);
+        float* const act = layer_buffer(l, at_act);
+        float* const out = layer_buffer(l, at_out);
+        normalize(x, input_norm[l]);
+        phase_board::run(seat, qkv_units.size(), stalled([&](int64_t u) {
+          const auto [first, last] = qkv_units[u];
+          project_columns(qkv[l].data(), qkv[l].size(), normed, batch, first, last, columns);
+          store(projected, qkv_size, nullptr, first, last);
+        }));
+        const auto kv = k_cache[l].scalar_type();
+        phase_board::run(seat, batch, stalled([&](int64_t b) {
+          const float* row = projected + b * qkv_size;
+          const float* c = cos_p + b * dim;
+          const float* s = sin_p + b * dim;
+          std::copy(row, row + q_size, head);
+          rotate(head, c, s, heads, dim);
+          std::copy(head, head + q_size, q + b * q_size);
+          std::copy(row + q_size, row + q_size + kv_size, head);
+          rotate(head, c, s, kv_heads, dim);
+          const float* value = row + q_size + kv_size;
+          if (kv == torch::kChar) {
+            for (int64_t h = 0; h < kv_heads; ++h) {
+              const int64_t cell = slot[b] * kv_heads + h;
+              quantize_head(head + h * dim, dim, k_cache[l].data_ptr<int8_t>() + cell * dim,
+                            k_scales[l].data_ptr<float>() + cell);
+              quantize_head(value + h * dim, dim, v_cache[l].data_ptr<int8_t>() + cell * dim,
+                            v_scales[l].data_ptr<float>() + cell);
+            }
+          } else if (kv == torch::kBFloat16) {
+            std::copy(head, head + kv_size, k_cache[l].data_ptr<at::BFloat16>() + slot[b] * kv_size);
+            std::copy(value, value + kv_size, v_cache[l].data_ptr<at::BFloat16>() + slot[b] * kv_size);
+          } else {
+            std::copy(head, head + kv_size, k_cache[l].data_ptr<float>() + slot[b] * kv_size);
+            std::copy(value, value + kv_size, v_cache[l].data_ptr<float>() + slot[b] * kv_size);
+          }
+        }));
+        const DecodeAttention attention(q, batch, heads, dim, k_cache[l], v_cache[l], block_tables, context_lens,
+                                        scale, 0, 0.0, k_scales[l], v_scales[l]);
+        const int64_t per_item = attention.heads_per_item(threads);
+        phase_board::run(seat, batch * heads / per_item, stalled([&](int64_t item) {
+          for (int64_t h = item * per_item; h < (item + 1) * per_item; ++h)
+            attention.head(h / heads, h % heads, scores, attended + h * dim);
+        }));
+        phase_board::run(seat, o_units.size(), stalled([&](int64_t u) {
+          const auto [first, last] = o_units[u];
+          project_columns(&o[l], 1, attended, batch, first, last, columns);
+          store(mid, width, x, first, last);
+        }));
+        normalize(mid, post_norm[l]);
+        phase_board::run(seat, gate_units.size(), stalled([&](int64_t u) {
+          const auto [first, last] = gate_units[u];
+          const int64_t count = last - first;
+          float* const up = columns + batch * count;
+          project_columns(gate_up[l].data(), gate_up[l].size(), normed, batch, intermediate + first, intermediate + last, up);
+          project_columns(gate_up[l].data(), gate_up[l].size(), normed, batch, first, last, columns);
+          for (int64_t b = 0; b < batch; ++b)
+            silu_times(columns + b * count, up + b * count, count, act + b * intermediate + first);
+        }));
+        phase_board::run(seat, down_units.size(), stalled([&](int64_t u) {
+          const auto [first, last] = down_units[u];
+          project_columns(&down[l], 1, act, batch, first, last, columns);
+          store(out, width, mid, first, last);
+        }));
+      }
+      recomputed += seat.recomputed;
+    };
+    at::parallel_for(0, threads, 1, [&](int64_t first, int64_t last) {
+      for (int64_t t = first; t < last; ++t) seat_run(t);
+    });
+    return torch::from_blob(layer_buffer(layers - 1, at_out), {batch, width}, hidden.options()).clone();
+  }
 };
 
 void bind_decoder_layers(pybind11::module& m) {
@@ -225,5 +440,8 @@ void bind_decoder_layers(pybind11::module& m) {
       .def_property(
           "gemm_rows", [](const DecoderLayers& d) { return std::make_pair(d.gemm.dense, d.gemm.quantized); },
           [](DecoderLayers& d, std::pair<int64_t, int64_t> rows) { d.gemm = {rows.first, rows.second}; })
+      .def_readwrite("phased", &DecoderLayers::phased)
+      .def_readwrite("stall", &DecoderLayers::stall)
+      .def_property_readonly("recomputed", [](const DecoderLayers& d) { return d.recomputed.load(); })
       .def("forward", &DecoderLayers::forward, py::call_guard<py::gil_scoped_release>());
 }

@@ -139,6 +139,21 @@ void dense_rows_times_weight_rows(const float* x, int64_t rows, const float* w, 
   for (; j < n; ++j) rows_times<1>(x, rows, w + j * k, k, out + j, out_stride);
 }
 
+// out[m * n + j] = x[m] . w[j] for m < rows, j < n (w [n, k]): one unit of decoder_layers.cpp's phases, summed as
+// dense_linear sums every output. One row reads 8 streams, from 8 parts of the n weight rows, as dense_linear's
+// one-row path does.
+void dense_unit(const float* x, int64_t rows, const float* w, int64_t n, int64_t k, float* out) {
+  if (rows > 1) return dense_rows_times_weight_rows(x, rows, w, n, k, out, n);
+  constexpr int kStreams = 8;
+  const int64_t part = n / kStreams;
+  int64_t ns[kStreams];
+  for (int64_t i = 0; i < part; ++i) {
+    for (int c = 0; c < kStreams; ++c) ns[c] = c * part + i;
+    row_times_rows<kStreams>(x, w, k, ns, out);
+  }
+  for (int64_t j = kStreams * part; j < n; ++j) row_times_rows<1>(x, w, k, &j, out);
+}
+
 // x: [M, K] float32, contiguous; weight: [N, K] float32, contiguous; bias: [N] or empty. Returns [M, N].
 torch::Tensor dense_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");

@@ -27,6 +27,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "paged_decode_attention.h"
+
 using Vec = at::vec::Vectorized<float>;
 using BF16 = at::BFloat16;
 
@@ -199,102 +201,109 @@ float exp_shifted(float* row, int64_t n) {
   return total;
 }
 
+// One query head of one sequence: its scores over the context, their softmax, then the values' weighted sum,
+// read block by block front to back. result[0:dim] is written once, at the end (decoder_layers.cpp's phases
+// rely on it: a value another thread may read is never an intermediate one).
+template <typename KV>
+void attend_head(const DecodeAttention& a, int64_t b, int64_t h, std::vector<float>& scores, float* result) {
+  const int64_t len = a.lens[b], group = a.q_heads / a.kv_heads;
+  const int64_t first = a.window > 0 ? std::max<int64_t>(0, len - a.window) : 0, seen = len - first;
+  const float* query = a.q + (b * a.q_heads + h) * a.dim;
+  const int64_t* table = a.tables + b * a.max_blocks;
+  const int64_t head_offset = (h / group) * a.dim, position_stride = a.kv_heads * a.dim;
+  const KV* kp = static_cast<const KV*>(a.k);
+  const KV* vp = static_cast<const KV*>(a.v);
+  scores.resize(seen + a.dim);
+  float* sums = scores.data() + seen;  // the values' weighted sum, before the softmax's division
+  for (int64_t start = first; start < len;) {  // block by block, as the values below
+    const int64_t offset = start % a.block_size, count = std::min(a.block_size - offset, len - start);
+    const int64_t position = table[start / a.block_size] * a.block_size + offset;
+    const Rows<KV> keys{kp + position * position_stride + head_offset, position_stride,
+                        a.k_scales ? a.k_scales + position * a.kv_heads + h / group : nullptr, a.kv_heads};
+    block_scores(query, keys, count, a.dim, scores.data() + start - first);
+    start += count;
+  }
+  for (int64_t i = 0; i < seen; ++i) {
+    scores[i] *= a.scale;
+    if (a.softcap > 0.f) scores[i] = a.softcap * std::tanh(scores[i] / a.softcap);
+  }
+  const float total = exp_shifted(scores.data(), seen);
+  std::fill(sums, sums + a.dim, 0.f);
+  // Runs of positions that lie in one block; the first may start mid-block when a window cuts the context.
+  for (int64_t start = first; start < len;) {
+    const int64_t offset = start % a.block_size, count = std::min(a.block_size - offset, len - start);
+    const int64_t position = table[start / a.block_size] * a.block_size + offset;
+    const Rows<KV> values{vp + position * position_stride + head_offset, position_stride,
+                          a.v_scales ? a.v_scales + position * a.kv_heads + h / group : nullptr, a.kv_heads};
+    accumulate(sums, scores.data() + start - first, values, count, a.dim);
+    start += count;
+  }
+  const float inverse = 1.f / total;
+  for (int64_t d = 0; d < a.dim; ++d) result[d] = sums[d] * inverse;
+}
+
 }  // namespace
+
+DecodeAttention::DecodeAttention(const float* q, int64_t batch, int64_t q_heads, int64_t dim,
+                                 const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                                 const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale,
+                                 int64_t window, double softcap, const torch::Tensor& k_scales,
+                                 const torch::Tensor& v_scales)
+    : q(q), batch(batch), q_heads(q_heads), dim(dim), kv_heads(k_cache.size(2)), block_size(k_cache.size(1)),
+      max_blocks(block_tables.size(1)), window(window), tables(block_tables.data_ptr<int64_t>()),
+      lens(context_lens.data_ptr<int64_t>()), k(k_cache.data_ptr()), v(v_cache.data_ptr()),
+      scale(static_cast<float>(scale)), softcap(static_cast<float>(softcap)) {
+  const auto kv = k_cache.scalar_type();
+  TORCH_CHECK((kv == torch::kFloat32 || kv == torch::kBFloat16 || kv == torch::kChar) && v_cache.scalar_type() == kv,
+              "the KV cache: float32, bfloat16 or int8, keys and values alike");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "contiguous inputs only");
+  TORCH_CHECK(block_tables.scalar_type() == torch::kLong && context_lens.scalar_type() == torch::kLong &&
+                  block_tables.is_contiguous() && context_lens.is_contiguous(),
+              "block_tables, context_lens: contiguous int64");
+  if (kv == torch::kChar) {
+    TORCH_CHECK(k_scales.scalar_type() == torch::kFloat32 && k_scales.is_contiguous() && v_scales.is_contiguous() &&
+                    k_scales.numel() * k_cache.size(3) == k_cache.numel() && v_scales.sizes() == k_scales.sizes(),
+                "an int8 cache: float32 scales [num_blocks, block_size, Hkv] for keys and values");
+    this->k_scales = k_scales.data_ptr<float>();
+    this->v_scales = v_scales.data_ptr<float>();
+    attend_ = &attend_head<int8_t>;
+  } else {
+    attend_ = kv == torch::kBFloat16 ? &attend_head<BF16> : &attend_head<float>;
+  }
+}
+
+int64_t DecodeAttention::heads_per_item(int64_t threads) const {
+  // An item is the query heads that share a KV head, so that one core reads those keys and values from memory and
+  // the group's other heads find them in its cache (split over cores, each core's cache fetched them again: 27.5
+  // -> 21.7 ms for SmolLM2's 30 layers at 32 sequences of 192 tokens); with too few groups to keep every thread
+  // busy (one sequence alone) an item is one query head.
+  return batch * kv_heads >= 4 * threads ? q_heads / kv_heads : 1;
+}
 
 // q: [B, Hq, D]; k_cache, v_cache: [num_blocks, block_size, Hkv, D]; block_tables: [B, max_blocks] int64;
 // context_lens: [B] int64. Returns [B, Hq, D]. q float32, the cache float32 or bfloat16, all contiguous.
 // window > 0: the query sees only the last `window` positions (transformers' sliding window: q - k < window).
 // softcap > 0: scores become softcap * tanh(score / softcap) after scaling, as Gemma 2's attention does.
-template <typename KV>
-void attend_all(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale, int64_t window,
-                double softcap, const float* k_scales, const float* v_scales, torch::Tensor& out) {
-  const int64_t batch = q.size(0), q_heads = q.size(1), dim = q.size(2);
-  const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2);
-  const int64_t max_blocks = block_tables.size(1), group = q_heads / kv_heads;
-  const float* qp = q.data_ptr<float>();
-  const KV* kp = k_cache.data_ptr<KV>();
-  const KV* vp = v_cache.data_ptr<KV>();
-  const int64_t* tables = block_tables.data_ptr<int64_t>();
-  const int64_t* lens = context_lens.data_ptr<int64_t>();
-  float* op = out.data_ptr<float>();
-  const float fscale = static_cast<float>(scale), fsoftcap = static_cast<float>(softcap);
-  const int64_t position_stride = kv_heads * dim;
-  // One query head of one sequence: its scores over the context, their softmax, then the values' weighted sum,
-  // read block by block front to back. A work item is a head, not a sequence, so that one sequence's decode
-  // (a request alone) spreads over every thread instead of leaving all but one waiting at the barrier.
-  auto attend = [&](int64_t b, int64_t h, std::vector<float>& scores) {
-    const int64_t len = lens[b];
-    const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0, seen = len - first;
-    const float* query = qp + (b * q_heads + h) * dim;
-    const int64_t* table = tables + b * max_blocks;
-    const int64_t head_offset = (h / group) * dim;
-    scores.resize(seen);
-    for (int64_t start = first; start < len;) {  // block by block, as the values below
-      const int64_t offset = start % block_size, count = std::min(block_size - offset, len - start);
-      const int64_t position = table[start / block_size] * block_size + offset;
-      const Rows<KV> keys{kp + position * position_stride + head_offset, position_stride,
-                          k_scales ? k_scales + position * kv_heads + h / group : nullptr, kv_heads};
-      block_scores(query, keys, count, dim, scores.data() + start - first);
-      start += count;
-    }
-    for (int64_t i = 0; i < seen; ++i) {
-      scores[i] *= fscale;
-      if (fsoftcap > 0.f) scores[i] = fsoftcap * std::tanh(scores[i] / fsoftcap);
-    }
-    const float total = exp_shifted(scores.data(), seen);
-    float* result = op + (b * q_heads + h) * dim;
-    // Runs of positions that lie in one block; the first may start mid-block when a window cuts the context.
-    for (int64_t start = first; start < len;) {
-      const int64_t offset = start % block_size, count = std::min(block_size - offset, len - start);
-      const int64_t position = table[start / block_size] * block_size + offset;
-      const Rows<KV> values{vp + position * position_stride + head_offset, position_stride,
-                            v_scales ? v_scales + position * kv_heads + h / group : nullptr, kv_heads};
-      accumulate(result, scores.data() + start - first, values, count, dim);
-      start += count;
-    }
-    const float inverse = 1.f / total;
-    for (int64_t d = 0; d < dim; ++d) result[d] *= inverse;
-  };
-
-  // Work items are taken one at a time from a shared counter rather than split in fixed halves: when another
-  // process preempts one thread, the others take over its share instead of waiting for it. An item is the query
-  // heads that share a KV head, so that one core reads those keys and values from memory and the group's other
-  // heads find them in its cache (split over cores, each core's cache fetched them again: 27.5 -> 21.7 ms for
-  // SmolLM2's 30 layers at 32 sequences of 192 tokens); with too few groups to keep every thread busy (one
-  // sequence alone) an item is one query head.
-  const int64_t threads = at::get_num_threads();
-  const int64_t heads_per_item = batch * kv_heads >= 4 * threads ? group : 1;
-  const int64_t items = batch * q_heads / heads_per_item;
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    std::vector<float> scores;  // scratch reused across this thread's heads
-    for (int64_t item = next++; item < items; item = next++)
-      for (int64_t head = item * heads_per_item; head < (item + 1) * heads_per_item; ++head)
-        attend(head / q_heads, head % q_heads, scores);
-  });
-}
-
 // k_scales, v_scales: [num_blocks, block_size, Hkv] float32 for an int8 cache; empty otherwise.
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                      torch::Tensor block_tables, torch::Tensor context_lens, double scale,
                                      int64_t window, double softcap, torch::Tensor k_scales, torch::Tensor v_scales) {
-  const auto kv = k_cache.scalar_type();
-  TORCH_CHECK(q.scalar_type() == torch::kFloat32, "q: float32 only");
-  TORCH_CHECK((kv == torch::kFloat32 || kv == torch::kBFloat16 || kv == torch::kChar) && v_cache.scalar_type() == kv,
-              "the KV cache: float32, bfloat16 or int8, keys and values alike");
-  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(), "contiguous inputs only");
-  auto out = torch::zeros_like(q);
-  if (kv == torch::kChar) {
-    TORCH_CHECK(k_scales.scalar_type() == torch::kFloat32 && k_scales.is_contiguous() && v_scales.is_contiguous() &&
-                    k_scales.numel() * k_cache.size(3) == k_cache.numel() && v_scales.sizes() == k_scales.sizes(),
-                "an int8 cache: float32 scales [num_blocks, block_size, Hkv] for keys and values");
-    attend_all<int8_t>(q, k_cache, v_cache, block_tables, context_lens, scale, window, softcap,
-                       k_scales.data_ptr<float>(), v_scales.data_ptr<float>(), out);
-  } else if (kv == torch::kBFloat16) {
-    attend_all<BF16>(q, k_cache, v_cache, block_tables, context_lens, scale, window, softcap, nullptr, nullptr, out);
-  } else {
-    attend_all<float>(q, k_cache, v_cache, block_tables, context_lens, scale, window, softcap, nullptr, nullptr, out);
-  }
+  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && q.is_contiguous() && q.dim() == 3, "q: contiguous [B, Hq, D] float32");
+  auto out = torch::empty_like(q);
+  const DecodeAttention attention(q.data_ptr<float>(), q.size(0), q.size(1), q.size(2), k_cache, v_cache,
+                                  block_tables, context_lens, scale, window, softcap, k_scales, v_scales);
+  float* op = out.data_ptr<float>();
+  // Work items are taken one at a time from a shared counter rather than split in fixed halves: when another
+  // process preempts one thread, the others take over its share instead of waiting for it.
+  const int64_t threads = at::get_num_threads();
+  const int64_t heads_per_item = attention.heads_per_item(threads);
+  const int64_t items = attention.batch * attention.q_heads / heads_per_item;
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    std::vector<float> scratch;  // reused across this thread's heads
+    for (int64_t item = next++; item < items; item = next++)
+      for (int64_t head = item * heads_per_item; head < (item + 1) * heads_per_item; ++head)
+        attention.head(head / attention.q_heads, head % attention.q_heads, scratch, op + head * attention.dim);
+  });
   return out;
 }
