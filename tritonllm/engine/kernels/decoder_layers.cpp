@@ -18,6 +18,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <atomic>
@@ -274,7 +275,8 @@ struct DecoderLayers {
     return true;
   }
 
-  // forward() as one parallel region of phase_board phases, six a layer, each writing buffers of its own:
+  // forward() as one parallel region of phase_board phases, six a layer, each writing buffers of its own (a ring
+  // of kRing layers' buffers):
   // (1) q/k/v, each thread normalizing the layer's input for itself; (2) rotary embedding, q to a buffer and k, v
   // into the cache; (3) attention; (4) the output projection plus the residual; (5) gate and up with SiLU(gate) *
   // up, each thread normalizing for itself; (6) the down projection plus the residual. The same arithmetic as
@@ -295,10 +297,14 @@ struct DecoderLayers {
     const int64_t per_layer = batch * (qkv_size + 2 * q_size + 2 * width + intermediate);
     // Per thread: the normalized input, a unit's columns (gate and up: twice), a rotated head's scratch.
     const int64_t per_thread = batch * width + 2 * batch * widest + std::max(q_size, kv_size);
-    const int64_t needed = layers * per_layer + threads * per_thread;
+    // Layer l writes the buffers of layer l - kRing once every thread has left that layer: a thread held up for
+    // kRing layers' time is waited for (C1: some 2 ms).
+    constexpr int64_t kRing = 4;
+    const int64_t ring = std::min(layers, kRing);
+    const int64_t needed = ring * per_layer + threads * per_thread;
     if (!workspace.defined() || workspace.numel() < needed) workspace = torch::empty({needed}, hidden.options());
     float* const base = workspace.data_ptr<float>();
-    auto layer_buffer = [&](int64_t l, int64_t offset) { return base + l * per_layer + batch * offset; };
+    auto layer_buffer = [&](int64_t l, int64_t offset) { return base + (l % ring) * per_layer + batch * offset; };
     const int64_t at_q = qkv_size, at_attn = at_q + q_size, at_mid = at_attn + q_size, at_act = at_mid + width,
                   at_out = at_act + intermediate;
     const float* input = hidden.data_ptr<float>();
@@ -306,11 +312,17 @@ struct DecoderLayers {
     const float* sin_p = sin.data_ptr<float>();
     const int64_t* slot = slots.data_ptr<int64_t>();
     const float eps_f = static_cast<float>(eps);
-    phase_board::Board board(layers * 6);
+    constexpr int64_t kPhases = 6;
+    phase_board::Board board(layers * kPhases, threads);
+    std::vector<DecodeAttention> attention;  // built here: nothing in the parallel region may throw
+    for (int64_t l = 0; l < layers; ++l)
+      attention.emplace_back(layer_buffer(l, at_q), batch, heads, dim, k_cache[l], v_cache[l], block_tables,
+                             context_lens, scale, 0, 0.0, k_scales[l], v_scales[l]);
+    const int64_t per_item = attention[0].heads_per_item(threads);
 
-    auto seat_run = [&](int64_t thread) {
-      phase_board::Seat seat{&board, thread, threads};
-      float* const own = base + layers * per_layer + thread * per_thread;
+    auto seat_run = [&](int64_t thread, int64_t team) {
+      phase_board::Seat seat{&board, thread, team};
+      float* const own = base + ring * per_layer + thread * per_thread;
       float* const normed = own;
       float* const columns = normed + batch * width;
       float* const head = columns + 2 * batch * widest;
@@ -344,6 +356,7 @@ struct DecoderLayers {
         float* const mid = layer_buffer(l, at_mid);
         float* const act = layer_buffer(l, at_act);
         float* const out = layer_buffer(l, at_out);
+        if (l >= ring) phase_board::wait_for_all(seat, (l - ring + 1) * kPhases);
         normalize(x, input_norm[l]);
         phase_board::run(seat, qkv_units.size(), stalled([&](int64_t u) {
           const auto [first, last] = qkv_units[u];
@@ -377,12 +390,9 @@ struct DecoderLayers {
             std::copy(value, value + kv_size, v_cache[l].data_ptr<float>() + slot[b] * kv_size);
           }
         }));
-        const DecodeAttention attention(q, batch, heads, dim, k_cache[l], v_cache[l], block_tables, context_lens,
-                                        scale, 0, 0.0, k_scales[l], v_scales[l]);
-        const int64_t per_item = attention.heads_per_item(threads);
         phase_board::run(seat, batch * heads / per_item, stalled([&](int64_t item) {
           for (int64_t h = item * per_item; h < (item + 1) * per_item; ++h)
-            attention.head(h / heads, h % heads, scores, attended + h * dim);
+            attention[l].head(h / heads, h % heads, scores, attended + h * dim);
         }));
         phase_board::run(seat, o_units.size(), stalled([&](int64_t u) {
           const auto [first, last] = o_units[u];
@@ -407,9 +417,9 @@ struct DecoderLayers {
       }
       recomputed += seat.recomputed;
     };
-    at::parallel_for(0, threads, 1, [&](int64_t first, int64_t last) {
-      for (int64_t t = first; t < last; ++t) seat_run(t);
-    });
+    // OpenMP's own team, not at::parallel_for, which may give one thread two seats: the seats must all run at once.
+#pragma omp parallel num_threads(threads)
+    seat_run(omp_get_thread_num(), omp_get_num_threads());
     return torch::from_blob(layer_buffer(layers - 1, at_out), {batch, width}, hidden.options()).clone();
   }
 };

@@ -7,10 +7,11 @@
 // back, then the other parts' free units from their backs, and then waits for the phase's units to be done. A unit
 // that stays taken past a grace period is computed again by the waiting thread: its owner is off the CPU.
 //
-// That is safe because a unit writes only its final values, computed from inputs that no later phase of the same
-// forward overwrites (each phase writes buffers of its own): a preempted owner that comes back finishes its unit
-// and writes the very bits the other thread wrote, whatever the others read meanwhile. A unit must not update a
-// value in place (x += ...) nor write an intermediate value where another thread may read it.
+// That is safe because a unit writes only its final values, computed from inputs that the next phases do not
+// overwrite (each phase writes buffers of its own, reused only after every thread has left the phases that used
+// them: wait_for_all): a preempted owner that comes back finishes its unit and writes the very bits the other
+// thread wrote, whatever the others read meanwhile. A unit must not update a value in place (x += ...) nor write an
+// intermediate value where another thread may read it. Every thread of the team must hold a seat of its own.
 #pragma once
 
 #include <immintrin.h>
@@ -30,17 +31,23 @@ class Board {
  public:
   enum : uint8_t { kFree = 0, kTaken = 1, kDone = 2 };
 
-  explicit Board(int64_t phases)
-      : states_(new std::atomic<uint8_t>[phases * kMaxUnits]), done_(new std::atomic<int64_t>[phases]) {
+  Board(int64_t phases, int64_t threads)
+      : states_(new std::atomic<uint8_t>[phases * kMaxUnits]),
+        done_(new std::atomic<int64_t>[phases]),
+        progress_(new std::atomic<int64_t>[threads]) {
     for (int64_t i = 0; i < phases * kMaxUnits; ++i) states_[i].store(kFree, std::memory_order_relaxed);
     for (int64_t p = 0; p < phases; ++p) done_[p].store(0, std::memory_order_relaxed);
+    for (int64_t t = 0; t < threads; ++t) progress_[t].store(0, std::memory_order_relaxed);
   }
   std::atomic<uint8_t>* states(int64_t phase) const { return states_.get() + phase * kMaxUnits; }
   std::atomic<int64_t>& done(int64_t phase) const { return done_[phase]; }
+  // How many phases thread t has left behind.
+  std::atomic<int64_t>& progress(int64_t t) const { return progress_[t]; }
 
  private:
   std::unique_ptr<std::atomic<uint8_t>[]> states_;
   std::unique_ptr<std::atomic<int64_t>[]> done_;
+  std::unique_ptr<std::atomic<int64_t>[]> progress_;
 };
 
 // A thread's place at the board: which phase it has come to.
@@ -111,6 +118,14 @@ void run(Seat& seat, int64_t units, const F& compute) {
     seen = done.load(std::memory_order_acquire);
     since = Clock::now();
   }
+  seat.board->progress(seat.thread).store(seat.phase, std::memory_order_release);
+}
+
+// Waits until every thread has left the first `phases` phases behind, a preempted one included: before buffers
+// that those phases used are written again (a thread that comes back mid-unit still reads and writes them).
+inline void wait_for_all(const Seat& seat, int64_t phases) {
+  for (int64_t t = 0; t < seat.threads; ++t)
+    while (seat.board->progress(t).load(std::memory_order_acquire) < phases) _mm_pause();
 }
 
 }  // namespace phase_board
