@@ -187,7 +187,9 @@ STARTS: dict[str, list[float]] = {}
 class Server:
     """A server process of a case, on loopback, stopped (its process group) at the end."""
 
-    def __init__(self, command: list[str], health: str, log: Path, env: dict | None = None) -> None:
+    def __init__(
+        self, command: list[str], health: str, log: Path, env: dict | None = None, cwd: Path | None = None
+    ) -> None:
         self.log = log.open("w")
         launched = time.monotonic()
         self.process = subprocess.Popen(
@@ -195,6 +197,7 @@ class Server:
             stdout=self.log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
+            cwd=cwd,
             start_new_session=True,
         )
         deadline = time.monotonic() + 600
@@ -306,7 +309,10 @@ def ours(
         env["PYTHONPATH"] = str(tree)
     if repository is not None:
         command += ["--model-repository", str(repository)]
-    return Server(command, f"http://127.0.0.1:{shim_port}/health", log, env), shim_port, ports["--grpc-port"]
+    # From the other tree: the models' stubs put their working directory first on sys.path, so from this one they
+    # imported this checkout's code and kernels, whatever PYTHONPATH said.
+    server = Server(command, f"http://127.0.0.1:{shim_port}/health", log, env, cwd=tree)
+    return server, shim_port, ports["--grpc-port"]
 
 
 def llama_cpp(

@@ -12,8 +12,10 @@ out of the step: served ÷ in-process is what these per-token costs leave of the
     .venv/bin/python bench/serving_cost.py --variant-env GOMP_SPINCOUNT=2000  # A/B: also a server with that env
     .venv/bin/python bench/serving_cost.py --baseline /tmp/base  # A/B: also a server from another checkout
 
-A baseline checkout needs its kernels built, or this one's cache: `git worktree add /tmp/base HEAD~1 &&
-ln -s $PWD/.cache /tmp/base/.cache` (the kernels' build is keyed by their sources).
+A baseline checkout runs its own code and kernels, served from its own directory; it shares the model files but
+builds its kernels into its own cache (at its first start, or beforehand):
+`git worktree add /tmp/base HEAD~1 && mkdir /tmp/base/.cache && ln -s $PWD/.cache/wheels $PWD/.cache/gguf
+/tmp/base/.cache/ && ln -s $PWD/models /tmp/base/models`.
 """
 
 from __future__ import annotations
