@@ -15,6 +15,7 @@ from tritonllm.engine import native_decode
 from tritonllm.engine.engine import EngineConfig, LLMEngine
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import Sequence
+from tritonllm.runtime import gguf
 
 SERVED = ["llama", "llama_biased", "qwen2_full"]
 REFUSED = {"mistral": "sliding window", "gemma": "GemmaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -107,14 +108,23 @@ def test_prompt_chunks_beside_decodes_go_through_the_stack_exactly(families):
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "bfloat16", "int8"])
 @pytest.mark.parametrize("family", ["llama", "qwen2_full"])
 def test_the_phased_forward_gives_the_bits_of_a_region_per_operation(families, family, kv_cache_dtype):
-    """Steps of up to NATIVE_ROWS float32 rows go through one parallel region of phases whose units a waiting
-    thread recomputes when their owner overruns (phase_board.h). Over random caches and inputs, its output equals
-    the region-per-operation forward's bit for bit, also when thread 1 stalls as if preempted and the other thread
+    """Steps of up to NATIVE_ROWS rows go through one parallel region of phases whose units a waiting thread
+    recomputes when their owner overruns (phase_board.h). Over random caches and inputs, its output equals the
+    region-per-operation forward's bit for bit, also when thread 1 stalls as if preempted and the other thread
     recomputes its units."""
-    engine = LLMEngine(
-        EngineConfig(str(families[family]), num_kv_blocks=128, block_size=8, kv_cache_dtype=kv_cache_dtype)
+    config = EngineConfig(str(families[family]), num_kv_blocks=128, block_size=8, kv_cache_dtype=kv_cache_dtype)
+    assert_phased_equals_regions(LLMEngine(config).runner.decoder_stack.stack)
+
+
+def test_the_phased_forward_over_gguf_blocks_gives_the_bits_of_a_region_per_operation(smollm2_gguf):
+    """The same over the wheel's Q4_1 file (the output layer aside, every projection in 4-bit blocks)."""
+    config = EngineConfig(
+        str(gguf.hf_model_dir(smollm2_gguf)), num_kv_blocks=128, block_size=8, gguf_file=str(smollm2_gguf)
     )
-    stack = engine.runner.decoder_stack.stack
+    assert_phased_equals_regions(LLMEngine(config).runner.decoder_stack.stack)
+
+
+def assert_phased_equals_regions(stack) -> None:
     g = torch.Generator().manual_seed(3)
     for cache in [*stack.k_cache, *stack.v_cache]:
         cache.copy_(

@@ -25,11 +25,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "paged_decode_attention.h"
 #include "phase_board.h"
+#include "weight_rows.h"
 
 torch::Tensor dense_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor bias);
 torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
@@ -37,7 +39,9 @@ torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Te
 torch::Tensor quantized_linear_int8(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
                                     int64_t bits);
 torch::Tensor dequantize(torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins, int64_t bits);
-void dense_unit(const float* x, int64_t rows, const float* w, int64_t n, int64_t k, float* out);
+void dense_unit(const float* x, int64_t rows, const float* w, int64_t n, int64_t k, float* out, int64_t out_stride);
+void quantized_unit(const float* x, int64_t rows, const weight_rows::BlockWeight& weight, int64_t first, int64_t last,
+                    float* out, int64_t out_stride);
 
 namespace {
 
@@ -141,45 +145,70 @@ torch::Tensor project(const std::vector<Projection>& parts, const torch::Tensor&
 }
 
 
-// Output columns [first, last) of projections whose outputs lie side by side, for `rows` rows of x: out[r * (last -
-// first) + j] = dot + bias, as the projection's own kernel sums it. The columns lie within one projection.
-void project_columns(const Projection* parts, size_t count_of_parts, const float* x, int64_t rows, int64_t first,
-                     int64_t last, float* out) {
+// A projection as the phases read it: float32 rows or GGUF blocks, checked when built (outside the parallel region,
+// where nothing may throw).
+struct UnitWeight {
+  explicit UnitWeight(const Projection& p)
+      : dense(p.bits ? nullptr : p.weight.data_ptr<float>()),
+        bias(p.bias.numel() ? p.bias.data_ptr<float>() : nullptr),
+        n(p.weight.size(0)),
+        k(p.bits ? p.weight.size(1) * 8 / p.bits : p.weight.size(1)) {
+    if (p.bits) blocks.emplace(p.weight, p.scales, p.mins, p.bits, k);
+    row_bytes = p.bits ? p.weight.size(1) + (k / weight_rows::kBlock) * 8 : k * 4;
+  }
+
+  // out[r * (last - first) + j] = x[r] . W[first + j] + bias, as the projection's own kernel sums it.
+  void columns(const float* x, int64_t rows, int64_t first, int64_t last, float* out) const {
+    const int64_t count = last - first;
+    if (dense)
+      dense_unit(x, rows, dense + first * k, count, k, out, count);
+    else
+      quantized_unit(x, rows, *blocks, first, last, out, count);
+    if (bias)
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < count; ++j) out[r * count + j] += bias[first + j];
+  }
+
+  const float* dense;
+  std::optional<weight_rows::BlockWeight> blocks;
+  const float* bias;
+  int64_t n, k, row_bytes;
+};
+
+std::vector<UnitWeight> unit_weights(const std::vector<Projection>& parts) {
+  return std::vector<UnitWeight>(parts.begin(), parts.end());
+}
+
+// Output columns [first, last) of projections whose outputs lie side by side, each written once: out[r * (last -
+// first) + j]. The columns lie within one projection.
+void project_columns(const std::vector<UnitWeight>& parts, const float* x, int64_t rows, int64_t first, int64_t last,
+                     float* out) {
   int64_t column = 0;
-  for (size_t i = 0; i < count_of_parts; ++i) {
-    const Projection& part = parts[i];
-    const int64_t n = part.weight.size(0), k = part.weight.size(1);
-    if (first < column + n) {
-      const int64_t count = last - first;
-      dense_unit(x, rows, part.weight.data_ptr<float>() + (first - column) * k, count, k, out);
-      if (part.bias.numel()) {
-        const float* bias = part.bias.data_ptr<float>() + first - column;
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t j = 0; j < count; ++j) out[r * count + j] += bias[j];
-      }
-      return;
-    }
-    column += n;
+  for (const UnitWeight& part : parts) {
+    if (first < column + part.n) return part.columns(x, rows, first - column, last - column, out);
+    column += part.n;
   }
 }
 
-// The phases' units of a projection group: column ranges of about kUnitBytes of weights each (fewer columns the
-// more rows share them, so that a unit stays a few tens of microseconds), within one projection each, at most
-// phase_board::kMaxUnits. `upto`: only the columns before it (a gate's, whose up columns a unit computes beside).
-std::vector<std::pair<int64_t, int64_t>> column_units(const std::vector<Projection>& parts, int64_t rows,
-                                                      int64_t upto = INT64_MAX) {
+// The phases' units of a projection group: column ranges of at most kUnitBytes of weights each (fewer columns the
+// more rows share them, so that a unit stays a few tens of microseconds), and at least 4 a thread, so that the
+// threads finish a phase close together; within one projection each, at most phase_board::kMaxUnits. `upto`: only
+// the columns before it (a gate's, whose up columns a unit computes beside).
+std::vector<std::pair<int64_t, int64_t>> column_units(const std::vector<UnitWeight>& parts, int64_t rows,
+                                                      int64_t threads, int64_t upto = INT64_MAX) {
   constexpr int64_t kUnitBytes = 256 << 10;
+  auto eights = [](int64_t n) { return std::max<int64_t>(8, (n + 7) / 8 * 8); };
   int64_t total = 0;
-  for (const Projection& part : parts) total += part.weight.size(0);
+  for (const UnitWeight& part : parts) total += part.n;
   total = std::min(total, upto);
+  const int64_t fewest = eights((total + phase_board::kMaxUnits / 2 - 1) / (phase_board::kMaxUnits / 2));
   std::vector<std::pair<int64_t, int64_t>> units;
   int64_t column = 0;
-  for (const Projection& part : parts) {
-    const int64_t n = std::min(part.weight.size(0), total - column), k = part.weight.size(1);
+  for (const UnitWeight& part : parts) {
+    const int64_t n = std::min(part.n, total - column);
     if (n <= 0) break;
-    int64_t size = kUnitBytes / (k * 4 * std::max<int64_t>(1, rows / 4)) / 8 * 8;
-    const int64_t fewest = (total + phase_board::kMaxUnits / 2 - 1) / (phase_board::kMaxUnits / 2);
-    size = std::max({size, int64_t{8}, (fewest + 7) / 8 * 8});
+    const int64_t by_bytes = kUnitBytes / (part.row_bytes * std::max<int64_t>(1, rows / 4)) / 8 * 8;
+    const int64_t size = std::max(fewest, std::min(eights(by_bytes), eights((n + 4 * threads - 1) / (4 * threads))));
     for (int64_t first = 0; first < n; first += size) units.emplace_back(column + first, column + std::min(n, first + size));
     column += n;
   }
@@ -195,7 +224,7 @@ struct DecoderLayers {
   int64_t heads, kv_heads, dim;
   double eps, scale;
   GemmRows gemm;
-  // Steps the phased forward serves (float32 projections, rows within gemm.dense) go through it; false: the
+  // Steps the phased forward serves (phased_serves) go through it; false: the
   // parallel region per operation as for every other step (an A/B switch).
   bool phased = true;
   // Fault injection for tests: thread 1 sleeps stall.second microseconds before every stall.first-th unit it takes,
@@ -264,14 +293,16 @@ struct DecoderLayers {
     return x;
   }
 
+  // Decode-sized steps (up to gemm.dense rows, where float32 projections stay in dense_linear's tiles), float32 or
+  // GGUF blocks; not the int8 activations' kernel, which rounds each call's input once for all its units.
   bool phased_serves(int64_t rows) const {
-    if (!phased || rows > gemm.dense) return false;
-    for (size_t l = 0; l < qkv.size(); ++l)
+    if (!phased || rows > gemm.dense || rows >= gemm.quantized) return false;
+    for (size_t l = 0; l < qkv.size(); ++l) {
       for (const auto* group : {&qkv[l], &gate_up[l]})
         for (const Projection& p : *group)
-          if (p.bits != 0) return false;
-    for (size_t l = 0; l < o.size(); ++l)
-      if (o[l].bits != 0 || down[l].bits != 0) return false;
+          if (p.int8) return false;
+      if (o[l].int8 || down[l].int8) return false;
+    }
     return true;
   }
 
@@ -286,13 +317,21 @@ struct DecoderLayers {
                                const torch::Tensor& context_lens) const {
     const int64_t batch = hidden.size(0), width = hidden.size(1), layers = static_cast<int64_t>(qkv.size());
     const int64_t q_size = heads * dim, kv_size = kv_heads * dim, qkv_size = q_size + 2 * kv_size;
-    const int64_t intermediate = gate_up[0].size() == 1 ? gate_up[0][0].weight.size(0) / 2 : gate_up[0][0].weight.size(0);
-    const auto qkv_units = column_units(qkv[0], batch), o_units = column_units({o[0]}, batch);
-    const auto gate_units = column_units(gate_up[0], batch, intermediate), down_units = column_units({down[0]}, batch);
+    std::vector<std::vector<UnitWeight>> qkv_w, o_w, gate_up_w, down_w;  // per layer
+    for (int64_t l = 0; l < layers; ++l) {
+      qkv_w.push_back(unit_weights(qkv[l]));
+      o_w.push_back(unit_weights({o[l]}));
+      gate_up_w.push_back(unit_weights(gate_up[l]));
+      down_w.push_back(unit_weights({down[l]}));
+    }
+    const int64_t intermediate = gate_up_w[0].size() == 1 ? gate_up_w[0][0].n / 2 : gate_up_w[0][0].n;
+    const int64_t threads = at::get_num_threads();
+    const auto qkv_units = column_units(qkv_w[0], batch, threads), o_units = column_units(o_w[0], batch, threads);
+    const auto gate_units = column_units(gate_up_w[0], batch, threads, intermediate);
+    const auto down_units = column_units(down_w[0], batch, threads);
     int64_t widest = 0;
     for (const auto* units : {&qkv_units, &o_units, &gate_units, &down_units})
       for (const auto& [first, last] : *units) widest = std::max(widest, last - first);
-    const int64_t threads = at::get_num_threads();
     // Per layer: q/k/v, rotated q, attention, the residual after attention, the activation, the layer's output.
     const int64_t per_layer = batch * (qkv_size + 2 * q_size + 2 * width + intermediate);
     // Per thread: the normalized input, a unit's columns (gate and up: twice), a rotated head's scratch.
@@ -360,7 +399,7 @@ struct DecoderLayers {
         normalize(x, input_norm[l]);
         phase_board::run(seat, qkv_units.size(), stalled([&](int64_t u) {
           const auto [first, last] = qkv_units[u];
-          project_columns(qkv[l].data(), qkv[l].size(), normed, batch, first, last, columns);
+          project_columns(qkv_w[l], normed, batch, first, last, columns);
           store(projected, qkv_size, nullptr, first, last);
         }));
         const auto kv = k_cache[l].scalar_type();
@@ -396,7 +435,7 @@ struct DecoderLayers {
         }));
         phase_board::run(seat, o_units.size(), stalled([&](int64_t u) {
           const auto [first, last] = o_units[u];
-          project_columns(&o[l], 1, attended, batch, first, last, columns);
+          project_columns(o_w[l], attended, batch, first, last, columns);
           store(mid, width, x, first, last);
         }));
         normalize(mid, post_norm[l]);
@@ -404,14 +443,14 @@ struct DecoderLayers {
           const auto [first, last] = gate_units[u];
           const int64_t count = last - first;
           float* const up = columns + batch * count;
-          project_columns(gate_up[l].data(), gate_up[l].size(), normed, batch, intermediate + first, intermediate + last, up);
-          project_columns(gate_up[l].data(), gate_up[l].size(), normed, batch, first, last, columns);
+          project_columns(gate_up_w[l], normed, batch, intermediate + first, intermediate + last, up);
+          project_columns(gate_up_w[l], normed, batch, first, last, columns);
           for (int64_t b = 0; b < batch; ++b)
             silu_times(columns + b * count, up + b * count, count, act + b * intermediate + first);
         }));
         phase_board::run(seat, down_units.size(), stalled([&](int64_t u) {
           const auto [first, last] = down_units[u];
-          project_columns(&down[l], 1, act, batch, first, last, columns);
+          project_columns(down_w[l], act, batch, first, last, columns);
           store(out, width, mid, first, last);
         }));
       }

@@ -139,11 +139,13 @@ void dense_rows_times_weight_rows(const float* x, int64_t rows, const float* w, 
   for (; j < n; ++j) rows_times<1>(x, rows, w + j * k, k, out + j, out_stride);
 }
 
-// out[m * n + j] = x[m] . w[j] for m < rows, j < n (w [n, k]): one unit of decoder_layers.cpp's phases, summed as
-// dense_linear sums every output. One row reads 8 streams, from 8 parts of the n weight rows, as dense_linear's
-// one-row path does.
-void dense_unit(const float* x, int64_t rows, const float* w, int64_t n, int64_t k, float* out) {
-  if (rows > 1) return dense_rows_times_weight_rows(x, rows, w, n, k, out, n);
+// out[m * out_stride + j] = x[m] . w[j] for m < rows, j < n (w [n, k]): a chunk of dense_linear, or one unit of
+// decoder_layers.cpp's phases. One row reads 8 weight rows at once, from 8 parts of the n, so that 8 streams come
+// from DRAM side by side (weight_rows::for_each_row_group); float32 gains less from it than the blocks (SmolLM2, one
+// sequence, Intel Xeon: 0-7% a step against 8 neighbouring rows, in alternating runs), 8 neighbouring float32 rows
+// already spanning 18 KB. More rows: 4 weight rows a tile, each reused by every input row of the tile.
+void dense_unit(const float* x, int64_t rows, const float* w, int64_t n, int64_t k, float* out, int64_t out_stride) {
+  if (rows > 1) return dense_rows_times_weight_rows(x, rows, w, n, k, out, out_stride);
   constexpr int kStreams = 8;
   const int64_t part = n / kStreams;
   int64_t ns[kStreams];
@@ -170,25 +172,8 @@ torch::Tensor dense_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor 
   const float* bp = bias.numel() ? bias.data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();
   constexpr int64_t kChunk = 32;  // the fewest weight rows a thread takes at a time
-  if (rows == 1) {
-    // A sequence's decode: 8 weight rows a tile, from 8 parts of each chunk, so that 8 streams are read from DRAM
-    // at once (weight_rows::for_each_row_group). Float32 gains less than the blocks (SmolLM2, one sequence, Intel
-    // Xeon: 0-7% a step against 8 neighbouring rows, in alternating runs): 8 neighbouring float32 rows already span
-    // 18 KB.
-    constexpr int kStreams = 8;
-    weight_rows::for_each_row_group<kStreams>(n_total, kChunk, [&](auto cols, const int64_t* ns) {
-      row_times_rows<cols()>(xp, wp, k, ns, op);
-      if (bp)
-        for (int c = 0; c < cols(); ++c) op[ns[c]] += bp[ns[c]];
-    });
-    return out;
-  }
-  // More rows: 4 weight rows a tile, each reused by every input row of the tile.
-  constexpr int64_t kCols = 4;
   weight_rows::guided_chunks(n_total, kChunk, INT64_MAX, [&](int64_t first, int64_t end) {
-    int64_t n = first;
-    for (; n + kCols <= end; n += kCols) rows_times<kCols>(xp, rows, wp + n * k, k, op + n, n_total);
-    for (; n < end; ++n) rows_times<1>(xp, rows, wp + n * k, k, op + n, n_total);
+    dense_unit(xp, rows, wp + first * k, end - first, k, op + first, n_total);
     if (bp)
       for (int64_t m = 0; m < rows; ++m)
         for (int64_t j = first; j < end; ++j) op[m * n_total + j] += bp[j];

@@ -56,10 +56,15 @@ struct Seat {
   int64_t thread, threads;
   int64_t phase = 0;
   int64_t recomputed = 0;  // units this thread computed again after their owner overran the grace period
+  // This thread's units so far in the forward and the time they took: the grace period's yardstick, also in a
+  // phase where this thread has computed no unit yet.
+  int64_t computed = 0;
+  std::chrono::steady_clock::duration busy{0};
 };
 
 // The least time a waiting thread gives a taken unit before computing it itself, and the multiple of its own
-// units' mean time (a unit is a few to a few tens of microseconds; a preemption, a hundred and more).
+// units' mean time in the forward so far (a unit is a few to a few tens of microseconds; a preemption, a hundred and
+// more).
 constexpr std::chrono::nanoseconds kLeastGrace{5000};
 constexpr int64_t kGraceUnits = 3;
 
@@ -72,13 +77,11 @@ void run(Seat& seat, int64_t units, const F& compute) {
   const int64_t phase = seat.phase++;
   std::atomic<uint8_t>* states = seat.board->states(phase);
   std::atomic<int64_t>& done = seat.board->done(phase);
-  int64_t computed = 0;
-  Clock::duration busy{0};
   auto finish = [&](int64_t u) {
     const Clock::time_point began = Clock::now();
     compute(u);
-    busy += Clock::now() - began;
-    ++computed;
+    seat.busy += Clock::now() - began;
+    ++seat.computed;
     if (states[u].exchange(Board::kDone, std::memory_order_acq_rel) != Board::kDone)
       done.fetch_add(1, std::memory_order_acq_rel);
   };
@@ -107,7 +110,7 @@ void run(Seat& seat, int64_t units, const F& compute) {
       continue;
     }
     const Clock::duration grace =
-        std::max<Clock::duration>(kLeastGrace, computed ? busy * kGraceUnits / computed : Clock::duration{0});
+        std::max<Clock::duration>(kLeastGrace, seat.computed ? seat.busy * kGraceUnits / seat.computed : Clock::duration{});
     if (now - since < grace) continue;
     for (int64_t u = 0; u < units; ++u)
       if (states[u].load(std::memory_order_acquire) == Board::kTaken) {

@@ -112,7 +112,7 @@ constexpr int kStreams = 8;
 constexpr int kStreams4Bit = 4;
 template <int BITS, int COLS>
 void row_times_weight_rows(const float* x, const float*, const weight_rows::BlockWeight& weight, const int64_t* ns,
-                           float* out) {
+                           float* out, int64_t out_first) {
   __m512 acc[COLS][2];
   weight_rows::BlockWeight::Row rows[COLS];
   for (int c = 0; c < COLS; ++c) {
@@ -130,7 +130,7 @@ void row_times_weight_rows(const float* x, const float*, const weight_rows::Bloc
       acc[c][1] = _mm512_fmadd_ps(w[1], high, acc[c][1]);
     }
   }
-  for (int c = 0; c < COLS; ++c) out[ns[c]] = _mm512_reduce_add_ps(_mm512_add_ps(acc[c][0], acc[c][1]));
+  for (int c = 0; c < COLS; ++c) out[ns[c] - out_first] = _mm512_reduce_add_ps(_mm512_add_ps(acc[c][0], acc[c][1]));
 }
 
 // A whole weight row widened to float32 [blocks * 32].
@@ -246,7 +246,7 @@ constexpr int kStreams = 4;  // AVX2's 16 registers hold 4 rows' sums beside a b
 constexpr int kStreams4Bit = kStreams;
 template <int BITS, int COLS>
 void row_times_weight_rows(const float* x, const float* x_sums, const weight_rows::BlockWeight& weight,
-                           const int64_t* ns, float* out) {
+                           const int64_t* ns, float* out, int64_t out_first) {
   __m256 acc[COLS];
   weight_rows::BlockWeight::Row rows[COLS];
   for (int c = 0; c < COLS; ++c) {
@@ -265,7 +265,7 @@ void row_times_weight_rows(const float* x, const float* x_sums, const weight_row
   }
   for (int c = 0; c < COLS; ++c) {
     const __m256 total = BITS == 4 ? _mm256_add_ps(acc[c], partial_dot(rows[c].mins, x_sums, weight.blocks)) : acc[c];
-    out[ns[c]] = sum_lanes(total);
+    out[ns[c] - out_first] = sum_lanes(total);
   }
 }
 
@@ -321,80 +321,95 @@ constexpr int64_t kWidenRows = 20;
 void dense_rows_times_weight_rows(const float* x, int64_t rows, const float* w, int64_t n, int64_t k, float* out,
                                   int64_t out_stride);
 
-// x: [M, K] float32, contiguous. Returns x @ W^T, [M, N].
-torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
-                               int64_t bits) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
-  const int64_t rows = x.size(0), in_features = x.size(1);
-  const weight_rows::BlockWeight weight(qweight, scales, mins, bits, in_features);
-  const int64_t blocks = weight.blocks, out_features = weight.out_features, per_block = weight.scales_per_block;
-  auto out = torch::empty({rows, out_features}, x.options());
-  const float* xp = x.data_ptr<float>();
-  float* op = out.data_ptr<float>();
+// out[m * out_stride + n - first] = x[m] . W[n] for m < rows and the weight's rows first <= n < last: a chunk of
+// quantized_linear, or one unit of decoder_layers.cpp's phases. Every output is summed the same way whatever the
+// chunk it falls in.
+void quantized_unit(const float* x, int64_t rows, const weight_rows::BlockWeight& weight, int64_t first, int64_t last,
+                    float* out, int64_t out_stride) {
+  const int64_t blocks = weight.blocks, in_features = weight.in_features, per_block = weight.scales_per_block;
+  const int64_t bits = weight.bits;
 #ifdef WIDEN_CHUNKS
   if (rows >= kWidenRows) {
     constexpr int64_t kWidened = 16;  // weight rows widened at a time: they stay in the cache for every input row
-    weight_rows::for_each_chunk(
-        weight,
-        [&](int64_t first, int64_t last) {
-          thread_local std::vector<float> widened;
-          widened.resize((last - first) * in_features);
-          for (int64_t n = first; n < last; ++n) {
-            const weight_rows::BlockWeight::Row w = weight.row(n);
-            widen_row(w.bytes, bits, blocks, w.scales, per_block, w.mins, widened.data() + (n - first) * in_features);
-          }
-          dense_rows_times_weight_rows(xp, rows, widened.data(), last - first, in_features, op + first,
-                                       out_features);
-        },
-        kWidened);
-    return out;
+    thread_local std::vector<float> widened;
+    widened.resize(kWidened * in_features);
+    for (int64_t begin = first; begin < last; begin += kWidened) {
+      const int64_t end = std::min(last, begin + kWidened);
+      for (int64_t n = begin; n < end; ++n) {
+        const weight_rows::BlockWeight::Row w = weight.row(n);
+        widen_row(w.bytes, bits, blocks, w.scales, per_block, w.mins, widened.data() + (n - begin) * in_features);
+      }
+      dense_rows_times_weight_rows(x, rows, widened.data(), end - begin, in_features, out + begin - first, out_stride);
+    }
+    return;
   }
 #endif
   // The few-row path takes the last rows % 4 input rows; their block sums serve its mins for every weight row.
   const int64_t few_first = rows - rows % 4;
-  std::vector<float> few_sums(bits == 4 ? (rows - few_first) * blocks : 0);
-  const float* few_x = xp + few_first * in_features;
+  thread_local std::vector<float> few_sums;
+  few_sums.resize(bits == 4 ? (rows - few_first) * blocks : 0);
+  const float* few_x = x + few_first * in_features;
   for (size_t i = 0; i < few_sums.size(); ++i) {
     float sum = 0.f;
     for (int64_t j = 0; j < kBlock; ++j) sum += few_x[i * kBlock + j];
     few_sums[i] = sum;
   }
 #ifdef ROW_STREAMS
-  if (rows == 1) {  // one sequence's decode
+  if (rows == 1) {  // one sequence's decode: kStreams weight rows at once, from as many parts of the chunk
     // bits as a template argument: nothing about the format is decided per block
     const auto rows_of = [&](auto bits_constant) {
       constexpr int kBits = decltype(bits_constant)::value;
-      weight_rows::for_each_row_group<kBits == 4 ? kStreams4Bit : kStreams>(
-          out_features, weight_rows::kSmallestChunk, [&](auto cols, const int64_t* ns) {
-            row_times_weight_rows<kBits, cols()>(xp, few_sums.data(), weight, ns, op);
-          });
+      constexpr int kCols = kBits == 4 ? kStreams4Bit : kStreams;
+      const int64_t part = (last - first) / kCols;
+      int64_t ns[kCols];
+      for (int64_t i = 0; i < part; ++i) {
+        for (int c = 0; c < kCols; ++c) ns[c] = first + c * part + i;
+        row_times_weight_rows<kBits, kCols>(x, few_sums.data(), weight, ns, out, first);
+      }
+      for (int64_t n = first + kCols * part; n < last; ++n)
+        row_times_weight_rows<kBits, 1>(x, few_sums.data(), weight, &n, out, first);
     };
     if (bits == 4)
       rows_of(std::integral_constant<int, 4>{});
     else
       rows_of(std::integral_constant<int, 8>{});
-    return out;
+    return;
   }
 #endif
-
-  weight_rows::for_each_row(weight, [&](int64_t n, const weight_rows::BlockWeight::Row& w) {
+  for (int64_t n = first; n < last; ++n) {
+    const weight_rows::BlockWeight::Row w = weight.row(n);
+    float* column = out + n - first;
     int64_t m = 0;
     for (; m + 8 <= rows; m += 8)
-      rows_times_weight_row<8>(xp + m * in_features, in_features, w.bytes, w.scales, per_block, w.mins, bits, blocks,
-                               op + m * out_features + n, out_features);
+      rows_times_weight_row<8>(x + m * in_features, in_features, w.bytes, w.scales, per_block, w.mins, bits, blocks,
+                               column + m * out_stride, out_stride);
     for (; m + 4 <= rows; m += 4)
-      rows_times_weight_row<4>(xp + m * in_features, in_features, w.bytes, w.scales, per_block, w.mins, bits, blocks,
-                               op + m * out_features + n, out_features);
-    float* few_out = op + few_first * out_features + n;
+      rows_times_weight_row<4>(x + m * in_features, in_features, w.bytes, w.scales, per_block, w.mins, bits, blocks,
+                               column + m * out_stride, out_stride);
+    float* few_out = column + few_first * out_stride;
     if (rows - m == 3)
       few_rows_times_weight_row<3>(few_x, in_features, few_sums.data(), w.bytes, w.scales, per_block, w.mins, bits,
-                                   blocks, few_out, out_features);
+                                   blocks, few_out, out_stride);
     else if (rows - m == 2)
       few_rows_times_weight_row<2>(few_x, in_features, few_sums.data(), w.bytes, w.scales, per_block, w.mins, bits,
-                                   blocks, few_out, out_features);
+                                   blocks, few_out, out_stride);
     else if (rows - m == 1)
       few_rows_times_weight_row<1>(few_x, in_features, few_sums.data(), w.bytes, w.scales, per_block, w.mins, bits,
-                                   blocks, few_out, out_features);
+                                   blocks, few_out, out_stride);
+  }
+}
+
+// x: [M, K] float32, contiguous. Returns x @ W^T, [M, N].
+torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
+                               int64_t bits) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
+  const int64_t rows = x.size(0), out_features = qweight.size(0);
+  const weight_rows::BlockWeight weight(qweight, scales, mins, bits, x.size(1));
+  auto out = torch::empty({rows, out_features}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  weight_rows::for_each_chunk(weight, [&](int64_t first, int64_t last) {
+    quantized_unit(xp, rows, weight, first, last, op + first, out_features);
   });
   return out;
 }
