@@ -116,10 +116,13 @@ def test_the_phased_forward_gives_the_bits_of_a_region_per_operation(families, f
     assert_phased_equals_regions(LLMEngine(config).runner.decoder_stack.stack)
 
 
-def test_the_phased_forward_over_gguf_blocks_gives_the_bits_of_a_region_per_operation(smollm2_gguf):
-    """The same over the wheel's Q4_1 file (the output layer aside, every projection in 4-bit blocks)."""
+@pytest.mark.parametrize("int8_activations", [False, True])
+def test_the_phased_forward_over_gguf_blocks_gives_the_bits_of_a_region_per_operation(smollm2_gguf, int8_activations):
+    """The same over the wheel's Q4_1 file (the output layer aside, every projection in 4-bit blocks), with the
+    exact kernel and with 8-bit inputs (each thread rounds a phase's input for itself)."""
+    model_dir = str(gguf.hf_model_dir(smollm2_gguf))
     config = EngineConfig(
-        str(gguf.hf_model_dir(smollm2_gguf)), num_kv_blocks=128, block_size=8, gguf_file=str(smollm2_gguf)
+        model_dir, num_kv_blocks=128, block_size=8, gguf_file=str(smollm2_gguf), int8_activations=int8_activations
     )
     assert_phased_equals_regions(LLMEngine(config).runner.decoder_stack.stack)
 

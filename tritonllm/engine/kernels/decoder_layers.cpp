@@ -31,6 +31,7 @@
 
 #include "paged_decode_attention.h"
 #include "phase_board.h"
+#include "quantized_linear_int8.h"
 #include "weight_rows.h"
 
 torch::Tensor dense_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor bias);
@@ -151,17 +152,22 @@ struct UnitWeight {
   explicit UnitWeight(const Projection& p)
       : dense(p.bits ? nullptr : p.weight.data_ptr<float>()),
         bias(p.bias.numel() ? p.bias.data_ptr<float>() : nullptr),
+        int8(p.int8),
         n(p.weight.size(0)),
         k(p.bits ? p.weight.size(1) * 8 / p.bits : p.weight.size(1)) {
     if (p.bits) blocks.emplace(p.weight, p.scales, p.mins, p.bits, k);
+    TORCH_CHECK(!int8 || (blocks && blocks->scales_per_block == 1), "8-bit inputs take weights with one scale per 32 values");
     row_bytes = p.bits ? p.weight.size(1) + (k / weight_rows::kBlock) * 8 : k * 4;
   }
 
-  // out[r * (last - first) + j] = x[r] . W[first + j] + bias, as the projection's own kernel sums it.
-  void columns(const float* x, int64_t rows, int64_t first, int64_t last, float* out) const {
+  // out[r * (last - first) + j] = x[r] . W[first + j] + bias, as the projection's own kernel sums it (with int8:
+  // xq, x rounded to 8-bit blocks).
+  void columns(const float* x, const Int8Rows* xq, int64_t rows, int64_t first, int64_t last, float* out) const {
     const int64_t count = last - first;
     if (dense)
       dense_unit(x, rows, dense + first * k, count, k, out, count);
+    else if (int8)
+      quantized_int8_unit(*xq, rows, *blocks, first, last, out, count);
     else
       quantized_unit(x, rows, *blocks, first, last, out, count);
     if (bias)
@@ -172,6 +178,7 @@ struct UnitWeight {
   const float* dense;
   std::optional<weight_rows::BlockWeight> blocks;
   const float* bias;
+  bool int8;
   int64_t n, k, row_bytes;
 };
 
@@ -181,11 +188,11 @@ std::vector<UnitWeight> unit_weights(const std::vector<Projection>& parts) {
 
 // Output columns [first, last) of projections whose outputs lie side by side, each written once: out[r * (last -
 // first) + j]. The columns lie within one projection.
-void project_columns(const std::vector<UnitWeight>& parts, const float* x, int64_t rows, int64_t first, int64_t last,
-                     float* out) {
+void project_columns(const std::vector<UnitWeight>& parts, const float* x, const Int8Rows* xq, int64_t rows,
+                     int64_t first, int64_t last, float* out) {
   int64_t column = 0;
   for (const UnitWeight& part : parts) {
-    if (first < column + part.n) return part.columns(x, rows, first - column, last - column, out);
+    if (first < column + part.n) return part.columns(x, xq, rows, first - column, last - column, out);
     column += part.n;
   }
 }
@@ -293,18 +300,9 @@ struct DecoderLayers {
     return x;
   }
 
-  // Decode-sized steps (up to gemm.dense rows, where float32 projections stay in dense_linear's tiles), float32 or
-  // GGUF blocks; not the int8 activations' kernel, which rounds each call's input once for all its units.
-  bool phased_serves(int64_t rows) const {
-    if (!phased || rows > gemm.dense || rows >= gemm.quantized) return false;
-    for (size_t l = 0; l < qkv.size(); ++l) {
-      for (const auto* group : {&qkv[l], &gate_up[l]})
-        for (const Projection& p : *group)
-          if (p.int8) return false;
-      if (o[l].int8 || down[l].int8) return false;
-    }
-    return true;
-  }
+  // Decode-sized steps: up to gemm.dense rows, where float32 projections stay in dense_linear's tiles and blocks in
+  // the block kernels.
+  bool phased_serves(int64_t rows) const { return phased && rows <= gemm.dense && rows < gemm.quantized; }
 
   // forward() as one parallel region of phase_board phases, six a layer, each writing buffers of its own (a ring
   // of kRing layers' buffers):
@@ -357,7 +355,11 @@ struct DecoderLayers {
     for (int64_t l = 0; l < layers; ++l)
       attention.emplace_back(layer_buffer(l, at_q), batch, heads, dim, k_cache[l], v_cache[l], block_tables,
                              context_lens, scale, 0, 0.0, k_scales[l], v_scales[l]);
-    const int64_t per_item = attention[0].heads_per_item(threads);
+    // A unit: the query heads that share a KV head, or one head (DecodeAttention::heads_per_item), or as many
+    // of those as keep the units within the board's.
+    const int64_t per_item = attention[0].heads_per_item(threads), items = batch * heads / per_item;
+    const int64_t heads_per_unit = per_item * ((items + phase_board::kMaxUnits - 1) / phase_board::kMaxUnits);
+    const int64_t attention_units = (batch * heads + heads_per_unit - 1) / heads_per_unit;
 
     auto seat_run = [&](int64_t thread, int64_t team) {
       phase_board::Seat seat{&board, thread, team};
@@ -378,6 +380,19 @@ struct DecoderLayers {
         for (int64_t b = 0; b < batch; ++b)
           rms_norm_row(x + b * width, weight.data_ptr<float>(), eps_f, width, normed + b * width);
       };
+      // The phase's input rounded to 8-bit blocks by this thread, where its projections take them
+      // (int8_activations): `rounded`, else null.
+      Int8Rows int8_input;
+      const Int8Rows* rounded = nullptr;
+      auto round_for = [&](const std::vector<UnitWeight>& parts, const float* input) {
+        rounded = nullptr;
+        for (const UnitWeight& part : parts)
+          if (part.int8) {
+            quantize_rows(input, batch, part.k, int8_input);
+            rounded = &int8_input;
+            return;
+          }
+      };
       // out[b, first:last] = columns (+ residual[b, first:last]), each value stored once.
       auto store = [&](float* out, int64_t out_width, const float* residual, int64_t first, int64_t last) {
         const int64_t count = last - first;
@@ -397,9 +412,10 @@ struct DecoderLayers {
         float* const out = layer_buffer(l, at_out);
         if (l >= ring) phase_board::wait_for_all(seat, (l - ring + 1) * kPhases);
         normalize(x, input_norm[l]);
+        round_for(qkv_w[l], normed);
         phase_board::run(seat, qkv_units.size(), stalled([&](int64_t u) {
           const auto [first, last] = qkv_units[u];
-          project_columns(qkv_w[l], normed, batch, first, last, columns);
+          project_columns(qkv_w[l], normed, rounded, batch, first, last, columns);
           store(projected, qkv_size, nullptr, first, last);
         }));
         const auto kv = k_cache[l].scalar_type();
@@ -429,28 +445,32 @@ struct DecoderLayers {
             std::copy(value, value + kv_size, v_cache[l].data_ptr<float>() + slot[b] * kv_size);
           }
         }));
-        phase_board::run(seat, batch * heads / per_item, stalled([&](int64_t item) {
-          for (int64_t h = item * per_item; h < (item + 1) * per_item; ++h)
+        phase_board::run(seat, attention_units, stalled([&](int64_t u) {
+          const int64_t last = std::min(batch * heads, (u + 1) * heads_per_unit);
+          for (int64_t h = u * heads_per_unit; h < last; ++h)
             attention[l].head(h / heads, h % heads, scores, attended + h * dim);
         }));
+        round_for(o_w[l], attended);
         phase_board::run(seat, o_units.size(), stalled([&](int64_t u) {
           const auto [first, last] = o_units[u];
-          project_columns(o_w[l], attended, batch, first, last, columns);
+          project_columns(o_w[l], attended, rounded, batch, first, last, columns);
           store(mid, width, x, first, last);
         }));
         normalize(mid, post_norm[l]);
+        round_for(gate_up_w[l], normed);
         phase_board::run(seat, gate_units.size(), stalled([&](int64_t u) {
           const auto [first, last] = gate_units[u];
           const int64_t count = last - first;
           float* const up = columns + batch * count;
-          project_columns(gate_up_w[l], normed, batch, intermediate + first, intermediate + last, up);
-          project_columns(gate_up_w[l], normed, batch, first, last, columns);
+          project_columns(gate_up_w[l], normed, rounded, batch, intermediate + first, intermediate + last, up);
+          project_columns(gate_up_w[l], normed, rounded, batch, first, last, columns);
           for (int64_t b = 0; b < batch; ++b)
             silu_times(columns + b * count, up + b * count, count, act + b * intermediate + first);
         }));
+        round_for(down_w[l], act);
         phase_board::run(seat, down_units.size(), stalled([&](int64_t u) {
           const auto [first, last] = down_units[u];
-          project_columns(down_w[l], act, batch, first, last, columns);
+          project_columns(down_w[l], act, rounded, batch, first, last, columns);
           store(out, width, mid, first, last);
         }));
       }

@@ -56,15 +56,15 @@ struct Seat {
   int64_t thread, threads;
   int64_t phase = 0;
   int64_t recomputed = 0;  // units this thread computed again after their owner overran the grace period
-  // This thread's units so far in the forward and the time they took: the grace period's yardstick, also in a
-  // phase where this thread has computed no unit yet.
+  // This thread's units so far in the forward and the time they took: the grace period's yardstick in a phase
+  // where this thread has computed no unit yet.
   int64_t computed = 0;
   std::chrono::steady_clock::duration busy{0};
 };
 
-// The least time a waiting thread gives a taken unit before computing it itself, and the multiple of its own
-// units' mean time in the forward so far (a unit is a few to a few tens of microseconds; a preemption, a hundred and
-// more).
+// The least time a waiting thread gives a taken unit before computing it itself, and the multiple of the mean time
+// of its own units in the phase (where it computed none yet: in the forward so far). A unit is a few to a few
+// tens of microseconds; a preemption, a hundred and more.
 constexpr std::chrono::nanoseconds kLeastGrace{5000};
 constexpr int64_t kGraceUnits = 3;
 
@@ -77,10 +77,15 @@ void run(Seat& seat, int64_t units, const F& compute) {
   const int64_t phase = seat.phase++;
   std::atomic<uint8_t>* states = seat.board->states(phase);
   std::atomic<int64_t>& done = seat.board->done(phase);
+  int64_t computed = 0;  // in this phase
+  Clock::duration busy{0};
   auto finish = [&](int64_t u) {
     const Clock::time_point began = Clock::now();
     compute(u);
-    seat.busy += Clock::now() - began;
+    const Clock::duration took = Clock::now() - began;
+    busy += took;
+    seat.busy += took;
+    ++computed;
     ++seat.computed;
     if (states[u].exchange(Board::kDone, std::memory_order_acq_rel) != Board::kDone)
       done.fetch_add(1, std::memory_order_acq_rel);
@@ -109,8 +114,8 @@ void run(Seat& seat, int64_t units, const F& compute) {
       since = now;
       continue;
     }
-    const Clock::duration grace =
-        std::max<Clock::duration>(kLeastGrace, seat.computed ? seat.busy * kGraceUnits / seat.computed : Clock::duration{});
+    const Clock::duration mean = computed ? busy / computed : seat.computed ? seat.busy / seat.computed : Clock::duration{};
+    const Clock::duration grace = std::max<Clock::duration>(kLeastGrace, mean * kGraceUnits);
     if (now - since < grace) continue;
     for (int64_t u = 0; u < units; ++u)
       if (states[u].load(std::memory_order_acquire) == Board::kTaken) {

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "quantized_linear_int8.h"
 #include "weight_rows.h"
 
 namespace {
@@ -26,12 +27,6 @@ using weight_rows::sum_lanes;
 #endif
 
 using weight_rows::kBlock;
-
-// Input rows as 8-bit blocks: values [rows, K], and per block its scale and scale * sum of its values.
-struct Int8Rows {
-  std::vector<int8_t> values;
-  std::vector<float> scales, scaled_sums;
-};
 
 // One block of 32 floats to int8 (round to nearest even); returns the sum of the values, sets the scale.
 inline int32_t quantize_block(const float* x, int8_t* q, float* scale) {
@@ -72,18 +67,6 @@ inline int32_t quantize_block(const float* x, int8_t* q, float* scale) {
   }
   return sum;
 #endif
-}
-
-Int8Rows quantize_rows(const float* x, int64_t rows, int64_t k) {
-  const int64_t blocks = rows * (k / kBlock);
-  Int8Rows out{std::vector<int8_t>(rows * k), std::vector<float>(blocks), std::vector<float>(blocks)};
-  at::parallel_for(0, blocks, 256, [&](int64_t first, int64_t last) {
-    for (int64_t i = first; i < last; ++i) {
-      const int32_t sum = quantize_block(x + i * kBlock, out.values.data() + i * kBlock, &out.scales[i]);
-      out.scaled_sums[i] = out.scales[i] * static_cast<float>(sum);
-    }
-  });
-  return out;
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -138,7 +121,7 @@ void rows_times_weight_row(const Int8Rows& x, int64_t first_row, int64_t blocks,
 constexpr int kStreams = 4;
 template <int COLS>
 void row_times_weight_rows(const Int8Rows& x, int64_t blocks, const weight_rows::BlockWeight& weight, const int64_t* ns,
-                           float* out) {
+                           float* out, int64_t out_first) {
   __m256 acc[2][COLS];
   weight_rows::BlockWeight::Row rows[COLS];
   for (int c = 0; c < COLS; ++c) {
@@ -156,7 +139,7 @@ void row_times_weight_rows(const Int8Rows& x, int64_t blocks, const weight_rows:
   for (int c = 0; c < COLS; ++c) {
     __m256 total = _mm256_add_ps(acc[0][c], acc[1][c]);
     if (rows[c].mins) total = _mm256_add_ps(total, partial_dot(rows[c].mins, x.scaled_sums.data(), blocks));
-    out[ns[c]] = sum_lanes(total);
+    out[ns[c] - out_first] = sum_lanes(total);
   }
 }
 #define ROW_STREAMS
@@ -190,6 +173,47 @@ void rows_times_weight_row(const Int8Rows& x, int64_t first_row, int64_t blocks,
 
 }  // namespace
 
+void quantize_rows(const float* x, int64_t rows, int64_t k, Int8Rows& out) {
+  const int64_t blocks = rows * (k / kBlock);
+  out.values.resize(rows * k);
+  out.scales.resize(blocks);
+  out.scaled_sums.resize(blocks);
+  at::parallel_for(0, blocks, 256, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) {
+      const int32_t sum = quantize_block(x + i * kBlock, out.values.data() + i * kBlock, &out.scales[i]);
+      out.scaled_sums[i] = out.scales[i] * static_cast<float>(sum);
+    }
+  });
+}
+
+void quantized_int8_unit(const Int8Rows& xq, int64_t rows, const weight_rows::BlockWeight& weight, int64_t first,
+                         int64_t last, float* out, int64_t out_stride) {
+  const int64_t blocks = weight.blocks, bits = weight.bits;
+#ifdef ROW_STREAMS
+  if (rows == 1) {  // one sequence's decode: kStreams weight rows at once, from as many parts of the chunk
+    const int64_t part = (last - first) / kStreams;
+    int64_t ns[kStreams];
+    for (int64_t i = 0; i < part; ++i) {
+      for (int c = 0; c < kStreams; ++c) ns[c] = first + c * part + i;
+      row_times_weight_rows<kStreams>(xq, blocks, weight, ns, out, first);
+    }
+    for (int64_t n = first + kStreams * part; n < last; ++n) row_times_weight_rows<1>(xq, blocks, weight, &n, out, first);
+    return;
+  }
+#endif
+  for (int64_t n = first; n < last; ++n) {
+    const weight_rows::BlockWeight::Row w = weight.row(n);
+    float* column = out + n - first;
+    int64_t m = 0;
+    for (; m + 8 <= rows; m += 8)
+      rows_times_weight_row<8>(xq, m, blocks, w.bytes, w.scales, w.mins, bits, column + m * out_stride, out_stride);
+    for (; m + 4 <= rows; m += 4)
+      rows_times_weight_row<4>(xq, m, blocks, w.bytes, w.scales, w.mins, bits, column + m * out_stride, out_stride);
+    for (; m < rows; ++m)
+      rows_times_weight_row<1>(xq, m, blocks, w.bytes, w.scales, w.mins, bits, column + m * out_stride, out_stride);
+  }
+}
+
 // x: [M, K] float32, contiguous; the weight as quantized_linear takes it. Returns x @ W^T, [M, N], the input
 // rounded to 8 bits per 32-value block first.
 torch::Tensor quantized_linear_int8(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
@@ -198,27 +222,12 @@ torch::Tensor quantized_linear_int8(torch::Tensor x, torch::Tensor qweight, torc
   const int64_t rows = x.size(0), in_features = x.size(1);
   const weight_rows::BlockWeight weight(qweight, scales, mins, bits, in_features);
   TORCH_CHECK(weight.scales_per_block == 1, "8-bit inputs take weights with one scale per 32 values");
-  const int64_t blocks = weight.blocks, out_features = weight.out_features;
-  const Int8Rows xq = quantize_rows(x.data_ptr<float>(), rows, in_features);
-  auto out = torch::empty({rows, out_features}, x.options());
+  Int8Rows xq;
+  quantize_rows(x.data_ptr<float>(), rows, in_features, xq);
+  auto out = torch::empty({rows, weight.out_features}, x.options());
   float* op = out.data_ptr<float>();
-#ifdef ROW_STREAMS
-  if (rows == 1) {  // one sequence's decode
-    const auto kernel = [&](auto cols, const int64_t* ns) {
-      row_times_weight_rows<cols()>(xq, blocks, weight, ns, op);
-    };
-    weight_rows::for_each_row_group<kStreams>(out_features, weight_rows::kSmallestChunk, kernel);
-    return out;
-  }
-#endif
-  weight_rows::for_each_row(weight, [&](int64_t n, const weight_rows::BlockWeight::Row& w) {
-    int64_t m = 0;
-    for (; m + 8 <= rows; m += 8)
-      rows_times_weight_row<8>(xq, m, blocks, w.bytes, w.scales, w.mins, bits, op + m * out_features + n, out_features);
-    for (; m + 4 <= rows; m += 4)
-      rows_times_weight_row<4>(xq, m, blocks, w.bytes, w.scales, w.mins, bits, op + m * out_features + n, out_features);
-    for (; m < rows; ++m)
-      rows_times_weight_row<1>(xq, m, blocks, w.bytes, w.scales, w.mins, bits, op + m * out_features + n, out_features);
+  weight_rows::for_each_chunk(weight, [&](int64_t first, int64_t last) {
+    quantized_int8_unit(xq, rows, weight, first, last, op + first, weight.out_features);
   });
   return out;
 }
