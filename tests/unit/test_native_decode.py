@@ -110,8 +110,8 @@ def test_prompt_chunks_beside_decodes_go_through_the_stack_exactly(families):
 def test_the_phased_forward_gives_the_bits_of_a_region_per_operation(families, family, kv_cache_dtype):
     """Steps of up to NATIVE_ROWS rows go through one parallel region of phases whose units a waiting thread
     recomputes when their owner overruns (phase_board.h). Over random caches and inputs, its output equals the
-    region-per-operation forward's bit for bit, also when thread 1 stalls as if preempted and the other thread
-    recomputes its units."""
+    region-per-operation forward's bit for bit, also when a thread holds units as if preempted, the other thread
+    recomputes them, and the holder computes them again afterwards."""
     config = EngineConfig(str(families[family]), num_kv_blocks=128, block_size=8, kv_cache_dtype=kv_cache_dtype)
     assert_phased_equals_regions(LLMEngine(config).runner.decoder_stack.stack)
 
@@ -150,8 +150,8 @@ def assert_phased_equals_regions(stack) -> None:
         stack.phased = True
         assert torch.equal(stack.forward(*args), expected), rows
         before = stack.recomputed
-        stack.stall = (2, 300)
+        stack.hold_every = 2  # units 0, 2, ... of a phase: their taker holds them until another thread computed them
         assert torch.equal(stack.forward(*args), expected), rows
-        stack.stall = (0, 0)
+        stack.hold_every = 0
         if torch.get_num_threads() > 1:
-            assert stack.recomputed > before, "no unit was recomputed while thread 1 stalled"
+            assert stack.recomputed > before, "no held unit was recomputed"

@@ -26,7 +26,6 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include "paged_decode_attention.h"
@@ -234,9 +233,9 @@ struct DecoderLayers {
   // Steps the phased forward serves (phased_serves) go through it; false: the
   // parallel region per operation as for every other step (an A/B switch).
   bool phased = true;
-  // Fault injection for tests: thread 1 sleeps stall.second microseconds before every stall.first-th unit it takes,
-  // as if preempted, so that the other threads recompute its units. (0, 0): never.
-  std::pair<int64_t, int64_t> stall{0, 0};
+  // Fault injection for tests (phase_board::Seat::hold_every): a thread holds every hold_every-th unit of a phase
+  // until another thread has computed it. 0: never.
+  int64_t hold_every = 0;
   // Units recomputed by a thread that found them taken past the grace period, over this object's life.
   mutable std::atomic<int64_t> recomputed{0};
   mutable torch::Tensor workspace;  // the phased forward's buffers, kept from step to step
@@ -363,19 +362,12 @@ struct DecoderLayers {
 
     auto seat_run = [&](int64_t thread, int64_t team) {
       phase_board::Seat seat{&board, thread, team};
+      seat.hold_every = hold_every;
       float* const own = base + ring * per_layer + thread * per_thread;
       float* const normed = own;
       float* const columns = normed + batch * width;
       float* const head = columns + 2 * batch * widest;
       std::vector<float> scores;
-      int64_t taken = 0;
-      auto stalled = [&](const auto& compute) {
-        return [&, compute](int64_t u) {
-          if (stall.first > 0 && thread == 1 && ++taken % stall.first == 0)
-            std::this_thread::sleep_for(std::chrono::microseconds(stall.second));
-          compute(u);
-        };
-      };
       auto normalize = [&](const float* x, const torch::Tensor& weight) {
         for (int64_t b = 0; b < batch; ++b)
           rms_norm_row(x + b * width, weight.data_ptr<float>(), eps_f, width, normed + b * width);
@@ -413,13 +405,13 @@ struct DecoderLayers {
         if (l >= ring) phase_board::wait_for_all(seat, (l - ring + 1) * kPhases);
         normalize(x, input_norm[l]);
         round_for(qkv_w[l], normed);
-        phase_board::run(seat, qkv_units.size(), stalled([&](int64_t u) {
+        phase_board::run(seat, qkv_units.size(), [&](int64_t u) {
           const auto [first, last] = qkv_units[u];
           project_columns(qkv_w[l], normed, rounded, batch, first, last, columns);
           store(projected, qkv_size, nullptr, first, last);
-        }));
+        });
         const auto kv = k_cache[l].scalar_type();
-        phase_board::run(seat, batch, stalled([&](int64_t b) {
+        phase_board::run(seat, batch, [&](int64_t b) {
           const float* row = projected + b * qkv_size;
           const float* c = cos_p + b * dim;
           const float* s = sin_p + b * dim;
@@ -444,21 +436,21 @@ struct DecoderLayers {
             std::copy(head, head + kv_size, k_cache[l].data_ptr<float>() + slot[b] * kv_size);
             std::copy(value, value + kv_size, v_cache[l].data_ptr<float>() + slot[b] * kv_size);
           }
-        }));
-        phase_board::run(seat, attention_units, stalled([&](int64_t u) {
+        });
+        phase_board::run(seat, attention_units, [&](int64_t u) {
           const int64_t last = std::min(batch * heads, (u + 1) * heads_per_unit);
           for (int64_t h = u * heads_per_unit; h < last; ++h)
             attention[l].head(h / heads, h % heads, scores, attended + h * dim);
-        }));
+        });
         round_for(o_w[l], attended);
-        phase_board::run(seat, o_units.size(), stalled([&](int64_t u) {
+        phase_board::run(seat, o_units.size(), [&](int64_t u) {
           const auto [first, last] = o_units[u];
           project_columns(o_w[l], attended, rounded, batch, first, last, columns);
           store(mid, width, x, first, last);
-        }));
+        });
         normalize(mid, post_norm[l]);
         round_for(gate_up_w[l], normed);
-        phase_board::run(seat, gate_units.size(), stalled([&](int64_t u) {
+        phase_board::run(seat, gate_units.size(), [&](int64_t u) {
           const auto [first, last] = gate_units[u];
           const int64_t count = last - first;
           float* const up = columns + batch * count;
@@ -466,13 +458,13 @@ struct DecoderLayers {
           project_columns(gate_up_w[l], normed, rounded, batch, first, last, columns);
           for (int64_t b = 0; b < batch; ++b)
             silu_times(columns + b * count, up + b * count, count, act + b * intermediate + first);
-        }));
+        });
         round_for(down_w[l], act);
-        phase_board::run(seat, down_units.size(), stalled([&](int64_t u) {
+        phase_board::run(seat, down_units.size(), [&](int64_t u) {
           const auto [first, last] = down_units[u];
           project_columns(down_w[l], act, rounded, batch, first, last, columns);
           store(out, width, mid, first, last);
-        }));
+        });
       }
       recomputed += seat.recomputed;
     };
@@ -510,7 +502,7 @@ void bind_decoder_layers(pybind11::module& m) {
           "gemm_rows", [](const DecoderLayers& d) { return std::make_pair(d.gemm.dense, d.gemm.quantized); },
           [](DecoderLayers& d, std::pair<int64_t, int64_t> rows) { d.gemm = {rows.first, rows.second}; })
       .def_readwrite("phased", &DecoderLayers::phased)
-      .def_readwrite("stall", &DecoderLayers::stall)
+      .def_readwrite("hold_every", &DecoderLayers::hold_every)
       .def_property_readonly("recomputed", [](const DecoderLayers& d) { return d.recomputed.load(); })
       .def("forward", &DecoderLayers::forward, py::call_guard<py::gil_scoped_release>());
 }

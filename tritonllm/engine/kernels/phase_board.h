@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <thread>
 
 namespace phase_board {
 
@@ -31,18 +32,19 @@ class Board {
  public:
   enum : uint8_t { kFree = 0, kTaken = 1, kDone = 2 };
 
+  // Every state kFree, every count 0 (value-initialized: zeroed in one pass).
   Board(int64_t phases, int64_t threads)
-      : states_(new std::atomic<uint8_t>[phases * kMaxUnits]),
-        done_(new std::atomic<int64_t>[phases]),
-        progress_(new std::atomic<int64_t>[threads]) {
-    for (int64_t i = 0; i < phases * kMaxUnits; ++i) states_[i].store(kFree, std::memory_order_relaxed);
-    for (int64_t p = 0; p < phases; ++p) done_[p].store(0, std::memory_order_relaxed);
-    for (int64_t t = 0; t < threads; ++t) progress_[t].store(0, std::memory_order_relaxed);
+      : states_(new std::atomic<uint8_t>[phases * kMaxUnits]()),
+        done_(new std::atomic<int64_t>[phases]()),
+        progress_(new std::atomic<int64_t>[threads]()) {
+    static_assert(kFree == 0);
   }
   std::atomic<uint8_t>* states(int64_t phase) const { return states_.get() + phase * kMaxUnits; }
   std::atomic<int64_t>& done(int64_t phase) const { return done_[phase]; }
   // How many phases thread t has left behind.
   std::atomic<int64_t>& progress(int64_t t) const { return progress_[t]; }
+  // Whether a thread holds a unit for a test (Seat::hold_every): one at a time, so that two never wait on each other.
+  mutable std::atomic<bool> holding{false};
 
  private:
   std::unique_ptr<std::atomic<uint8_t>[]> states_;
@@ -60,6 +62,10 @@ struct Seat {
   // where this thread has computed no unit yet.
   int64_t computed = 0;
   std::chrono::steady_clock::duration busy{0};
+  // Fault injection for tests: with more than one thread, whichever thread takes unit u of a phase with
+  // u % hold_every == 0 holds it until another thread has done it, then computes it too, as a preempted owner does
+  // (unless another thread holds one at the time). 0: never.
+  int64_t hold_every = 0;
 };
 
 // The least time a waiting thread gives a taken unit before computing it itself, and the multiple of the mean time
@@ -92,7 +98,15 @@ void run(Seat& seat, int64_t units, const F& compute) {
   };
   auto take = [&](int64_t u) {
     uint8_t expected = Board::kFree;
-    return states[u].compare_exchange_strong(expected, Board::kTaken, std::memory_order_acq_rel);
+    if (!states[u].compare_exchange_strong(expected, Board::kTaken, std::memory_order_acq_rel)) return false;
+    bool free_to_hold = false;
+    if (seat.hold_every > 0 && seat.threads > 1 && u % seat.hold_every == 0 &&
+        seat.board->holding.compare_exchange_strong(free_to_hold, true)) {
+      while (states[u].load(std::memory_order_acquire) != Board::kDone)
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      seat.board->holding.store(false);
+    }
+    return true;
   };
   const int64_t threads = seat.threads;
   auto part_begin = [&](int64_t t) { return units * t / threads; };
