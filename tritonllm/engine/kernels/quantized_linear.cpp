@@ -47,6 +47,7 @@ inline void dequantize_block(const uint8_t* row, int64_t bits, int64_t b, BlockS
 }
 
 #if defined(__AVX512F__)
+constexpr bool kTakesInputSums = false;  // the mins go into each widened block
 
 // A block is two vectors of 16 floats: scale * q + min in one fused step (min is 0 for 8 bits). 4 bits take
 // their values from a table of the 16 a block can hold, scale * i + min for i = 0..15 (the same fused step, so the
@@ -145,6 +146,7 @@ inline void widen_row(const uint8_t* row, int64_t bits, int64_t blocks, const fl
 }
 
 #elif defined(__AVX2__) && defined(__FMA__)
+constexpr bool kTakesInputSums = true;  // 4-bit rows' mins against the input's block sums
 
 using weight_rows::partial_dot;
 using weight_rows::sum_lanes;
@@ -280,6 +282,7 @@ inline void widen_row(const uint8_t* row, int64_t bits, int64_t blocks, const fl
 }
 
 #else
+constexpr bool kTakesInputSums = false;  // the mins go into each dequantized block
 
 template <int ROWS>
 void rows_times_weight_row(const float* x, int64_t x_stride, const uint8_t* row, const float* scales,
@@ -347,7 +350,7 @@ void quantized_unit(const float* x, int64_t rows, const weight_rows::BlockWeight
   // The few-row path takes the last rows % 4 input rows; their block sums serve its mins for every weight row.
   const int64_t few_first = rows - rows % 4;
   thread_local std::vector<float> few_sums;
-  few_sums.resize(bits == 4 ? (rows - few_first) * blocks : 0);
+  few_sums.resize(bits == 4 && kTakesInputSums ? (rows - few_first) * blocks : 0);
   const float* few_x = x + few_first * in_features;
   for (size_t i = 0; i < few_sums.size(); ++i) {
     float sum = 0.f;
