@@ -146,14 +146,7 @@ void dense_rows_times_weight_rows(const float* x, int64_t rows, const float* w, 
 // already spanning 18 KB. More rows: 4 weight rows a tile, each reused by every input row of the tile.
 void dense_unit(const float* x, int64_t rows, const float* w, int64_t n, int64_t k, float* out, int64_t out_stride) {
   if (rows > 1) return dense_rows_times_weight_rows(x, rows, w, n, k, out, out_stride);
-  constexpr int kStreams = 8;
-  const int64_t part = n / kStreams;
-  int64_t ns[kStreams];
-  for (int64_t i = 0; i < part; ++i) {
-    for (int c = 0; c < kStreams; ++c) ns[c] = c * part + i;
-    row_times_rows<kStreams>(x, w, k, ns, out);
-  }
-  for (int64_t j = kStreams * part; j < n; ++j) row_times_rows<1>(x, w, k, &j, out);
+  weight_rows::row_groups<8>(0, n, [&](auto cols, const int64_t* ns) { row_times_rows<cols()>(x, w, k, ns, out); });
 }
 
 // x: [M, K] float32, contiguous; weight: [N, K] float32, contiguous; bias: [N] or empty. Returns [M, N].

@@ -362,15 +362,9 @@ void quantized_unit(const float* x, int64_t rows, const weight_rows::BlockWeight
     // bits as a template argument: nothing about the format is decided per block
     const auto rows_of = [&](auto bits_constant) {
       constexpr int kBits = decltype(bits_constant)::value;
-      constexpr int kCols = kBits == 4 ? kStreams4Bit : kStreams;
-      const int64_t part = (last - first) / kCols;
-      int64_t ns[kCols];
-      for (int64_t i = 0; i < part; ++i) {
-        for (int c = 0; c < kCols; ++c) ns[c] = first + c * part + i;
-        row_times_weight_rows<kBits, kCols>(x, few_sums.data(), weight, ns, out, first);
-      }
-      for (int64_t n = first + kCols * part; n < last; ++n)
-        row_times_weight_rows<kBits, 1>(x, few_sums.data(), weight, &n, out, first);
+      weight_rows::row_groups<kBits == 4 ? kStreams4Bit : kStreams>(first, last, [&](auto cols, const int64_t* ns) {
+        row_times_weight_rows<kBits, cols()>(x, few_sums.data(), weight, ns, out, first);
+      });
     };
     if (bits == 4)
       rows_of(std::integral_constant<int, 4>{});

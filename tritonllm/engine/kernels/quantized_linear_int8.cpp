@@ -191,13 +191,9 @@ void quantized_int8_unit(const Int8Rows& xq, int64_t rows, const weight_rows::Bl
   const int64_t blocks = weight.blocks, bits = weight.bits;
 #ifdef ROW_STREAMS
   if (rows == 1) {  // one sequence's decode: kStreams weight rows at once, from as many parts of the chunk
-    const int64_t part = (last - first) / kStreams;
-    int64_t ns[kStreams];
-    for (int64_t i = 0; i < part; ++i) {
-      for (int c = 0; c < kStreams; ++c) ns[c] = first + c * part + i;
-      row_times_weight_rows<kStreams>(xq, blocks, weight, ns, out, first);
-    }
-    for (int64_t n = first + kStreams * part; n < last; ++n) row_times_weight_rows<1>(xq, blocks, weight, &n, out, first);
+    weight_rows::row_groups<kStreams>(first, last, [&](auto cols, const int64_t* ns) {
+      row_times_weight_rows<cols()>(xq, blocks, weight, ns, out, first);
+    });
     return;
   }
 #endif

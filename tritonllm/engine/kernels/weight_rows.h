@@ -110,6 +110,19 @@ void for_each_row(const BlockWeight& weight, const F& f) {
   });
 }
 
+// Calls f(cols, ns) for rows [first, last): with cols = COLS and COLS row indices ns, one from each of COLS equal
+// parts of the range, then with cols = 1 for the rows left over (for_each_row_group's chunks, one phase's unit).
+template <int COLS, typename F>
+void row_groups(int64_t first, int64_t last, const F& f) {
+  const int64_t part = (last - first) / COLS;
+  int64_t ns[COLS];
+  for (int64_t i = 0; i < part; ++i) {
+    for (int c = 0; c < COLS; ++c) ns[c] = first + c * part + i;
+    f(std::integral_constant<int, COLS>{}, ns);
+  }
+  for (int64_t n = first + COLS * part; n < last; ++n) f(std::integral_constant<int, 1>{}, &n);
+}
+
 // Calls f(cols, ns) over rows [0, count) in guided chunks of at least `smallest`: with cols = COLS (an
 // std::integral_constant, for the kernel's template argument) and COLS row indices ns, one from each of COLS equal
 // parts of a chunk, and with cols = 1 and one index for the rows left over. A kernel that reads the COLS rows side
@@ -118,15 +131,7 @@ void for_each_row(const BlockWeight& weight, const F& f) {
 // SmolLM2's Q8_0 output layer took 2.2-2.5 ms so, 1.5 ms as 8 streams (0.9 ms from the cache, either way).
 template <int COLS, typename F>
 void for_each_row_group(int64_t count, int64_t smallest, const F& f) {
-  guided_chunks(count, smallest, INT64_MAX, [&](int64_t first, int64_t last) {
-    const int64_t part = (last - first) / COLS;
-    int64_t ns[COLS];
-    for (int64_t i = 0; i < part; ++i) {
-      for (int c = 0; c < COLS; ++c) ns[c] = first + c * part + i;
-      f(std::integral_constant<int, COLS>{}, ns);
-    }
-    for (int64_t n = first + COLS * part; n < last; ++n) f(std::integral_constant<int, 1>{}, &n);
-  });
+  guided_chunks(count, smallest, INT64_MAX, [&](int64_t first, int64_t last) { row_groups<COLS>(first, last, f); });
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
