@@ -144,7 +144,6 @@ torch::Tensor project(const std::vector<Projection>& parts, const torch::Tensor&
   return torch::cat(outs, 1);
 }
 
-
 // A projection as the phases read it: float32 rows or GGUF blocks, checked when built (outside the parallel region,
 // where nothing may throw).
 struct UnitWeight {
