@@ -154,7 +154,8 @@ struct UnitWeight {
         n(p.weight.size(0)),
         k(p.bits ? p.weight.size(1) * 8 / p.bits : p.weight.size(1)) {
     if (p.bits) blocks.emplace(p.weight, p.scales, p.mins, p.bits, k);
-    TORCH_CHECK(!int8 || (blocks && blocks->scales_per_block == 1), "8-bit inputs take weights with one scale per 32 values");
+    TORCH_CHECK(!int8 || (blocks && blocks->scales_per_block == 1),
+                "8-bit inputs take weights with one scale per 32 values");
     row_bytes = p.bits ? p.weight.size(1) + (k / weight_rows::kBlock) * 8 : k * 4;
   }
 
@@ -214,7 +215,8 @@ std::vector<std::pair<int64_t, int64_t>> column_units(const std::vector<UnitWeig
     if (n <= 0) break;
     const int64_t by_bytes = kUnitBytes / (part.row_bytes * std::max<int64_t>(1, rows / 4)) / 8 * 8;
     const int64_t size = std::max(fewest, std::min(eights(by_bytes), eights((n + 4 * threads - 1) / (4 * threads))));
-    for (int64_t first = 0; first < n; first += size) units.emplace_back(column + first, column + std::min(n, first + size));
+    for (int64_t first = 0; first < n; first += size)
+      units.emplace_back(column + first, column + std::min(n, first + size));
     column += n;
   }
   return units;
@@ -259,31 +261,14 @@ struct DecoderLayers {
       rms_norm(x, input_norm[l], static_cast<float>(eps), normed);
       torch::Tensor projected = project(qkv[l], normed, gemm);  // [B, q | k | v]
       float* p = projected.data_ptr<float>();
-      const auto kv = k_cache[l].scalar_type();
       // Every row's key and value go into the cache before any row attends: a prompt chunk's later rows see its
-      // earlier ones there. A bfloat16 cache takes them rounded to nearest even, as torch's .to() rounds.
+      // earlier ones there.
       at::parallel_for(0, batch, kRowsPerTask, [&](int64_t first, int64_t last) {
         for (int64_t b = first; b < last; ++b) {
           float* row = p + b * (q_size + 2 * kv_size);
           rotate(row, cos.data_ptr<float>() + b * dim, sin.data_ptr<float>() + b * dim, heads, dim);
           rotate(row + q_size, cos.data_ptr<float>() + b * dim, sin.data_ptr<float>() + b * dim, kv_heads, dim);
-          if (kv == torch::kChar) {
-            for (int64_t h = 0; h < kv_heads; ++h) {
-              const int64_t cell = slot[b] * kv_heads + h;
-              quantize_head(row + q_size + h * dim, dim, k_cache[l].data_ptr<int8_t>() + cell * dim,
-                            k_scales[l].data_ptr<float>() + cell);
-              quantize_head(row + q_size + kv_size + h * dim, dim, v_cache[l].data_ptr<int8_t>() + cell * dim,
-                            v_scales[l].data_ptr<float>() + cell);
-            }
-          } else if (kv == torch::kBFloat16) {
-            std::copy(row + q_size, row + q_size + kv_size, k_cache[l].data_ptr<at::BFloat16>() + slot[b] * kv_size);
-            std::copy(row + q_size + kv_size, row + q_size + 2 * kv_size,
-                      v_cache[l].data_ptr<at::BFloat16>() + slot[b] * kv_size);
-          } else {
-            std::copy(row + q_size, row + q_size + kv_size, k_cache[l].data_ptr<float>() + slot[b] * kv_size);
-            std::copy(row + q_size + kv_size, row + q_size + 2 * kv_size,
-                      v_cache[l].data_ptr<float>() + slot[b] * kv_size);
-          }
+          store_kv(l, slot[b], row + q_size, row + q_size + kv_size);
         }
       });
       torch::Tensor q = projected.narrow(1, 0, q_size).contiguous().view({batch, heads, dim});
@@ -296,6 +281,29 @@ struct DecoderLayers {
       x.add_(down[l](activated, gemm));
     }
     return x;
+  }
+
+  // One token's keys and values (kv_heads * dim each, rotated keys) into layer l's cache at `slot`, each value
+  // written once: a bfloat16 cache takes them rounded to nearest even, as torch's .to() rounds; an int8 cache as
+  // quantize_head rounds them, with their scales.
+  void store_kv(size_t l, int64_t slot, const float* key, const float* value) const {
+    const int64_t kv_size = kv_heads * dim;
+    const auto kv = k_cache[l].scalar_type();
+    if (kv == torch::kChar) {
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        const int64_t cell = slot * kv_heads + h;
+        quantize_head(key + h * dim, dim, k_cache[l].data_ptr<int8_t>() + cell * dim,
+                      k_scales[l].data_ptr<float>() + cell);
+        quantize_head(value + h * dim, dim, v_cache[l].data_ptr<int8_t>() + cell * dim,
+                      v_scales[l].data_ptr<float>() + cell);
+      }
+    } else if (kv == torch::kBFloat16) {
+      std::copy(key, key + kv_size, k_cache[l].data_ptr<at::BFloat16>() + slot * kv_size);
+      std::copy(value, value + kv_size, v_cache[l].data_ptr<at::BFloat16>() + slot * kv_size);
+    } else {
+      std::copy(key, key + kv_size, k_cache[l].data_ptr<float>() + slot * kv_size);
+      std::copy(value, value + kv_size, v_cache[l].data_ptr<float>() + slot * kv_size);
+    }
   }
 
   // Decode-sized steps: up to gemm.dense rows, where float32 projections stay in dense_linear's tiles and blocks in
@@ -409,7 +417,6 @@ struct DecoderLayers {
           project_columns(qkv_w[l], normed, rounded, batch, first, last, columns);
           store(projected, qkv_size, nullptr, first, last);
         });
-        const auto kv = k_cache[l].scalar_type();
         phase_board::run(seat, batch, [&](int64_t b) {
           const float* row = projected + b * qkv_size;
           const float* c = cos_p + b * dim;
@@ -419,22 +426,7 @@ struct DecoderLayers {
           std::copy(head, head + q_size, q + b * q_size);
           std::copy(row + q_size, row + q_size + kv_size, head);
           rotate(head, c, s, kv_heads, dim);
-          const float* value = row + q_size + kv_size;
-          if (kv == torch::kChar) {
-            for (int64_t h = 0; h < kv_heads; ++h) {
-              const int64_t cell = slot[b] * kv_heads + h;
-              quantize_head(head + h * dim, dim, k_cache[l].data_ptr<int8_t>() + cell * dim,
-                            k_scales[l].data_ptr<float>() + cell);
-              quantize_head(value + h * dim, dim, v_cache[l].data_ptr<int8_t>() + cell * dim,
-                            v_scales[l].data_ptr<float>() + cell);
-            }
-          } else if (kv == torch::kBFloat16) {
-            std::copy(head, head + kv_size, k_cache[l].data_ptr<at::BFloat16>() + slot[b] * kv_size);
-            std::copy(value, value + kv_size, v_cache[l].data_ptr<at::BFloat16>() + slot[b] * kv_size);
-          } else {
-            std::copy(head, head + kv_size, k_cache[l].data_ptr<float>() + slot[b] * kv_size);
-            std::copy(value, value + kv_size, v_cache[l].data_ptr<float>() + slot[b] * kv_size);
-          }
+          store_kv(l, slot[b], head, row + q_size + kv_size);
         });
         phase_board::run(seat, attention_units, [&](int64_t u) {
           const int64_t last = std::min(batch * heads, (u + 1) * heads_per_unit);

@@ -128,7 +128,8 @@ void run(Seat& seat, int64_t units, const F& compute) {
       since = now;
       continue;
     }
-    const Clock::duration mean = computed ? busy / computed : seat.computed ? seat.busy / seat.computed : Clock::duration{};
+    const Clock::duration mean =
+        computed ? busy / computed : seat.computed ? seat.busy / seat.computed : Clock::duration{};
     const Clock::duration grace = std::max<Clock::duration>(kLeastGrace, mean * kGraceUnits);
     if (now - since < grace) continue;
     for (int64_t u = 0; u < units; ++u)
