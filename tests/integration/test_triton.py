@@ -19,6 +19,7 @@ from triton_helpers import Stream, metric, tensor, wait_for
 from tritonclient.utils import InferenceServerException
 
 from tritonllm.tokenizer.detokenizer import CONTEXT_TOKENS, text_increment
+from tritonllm.tokenizer.postprocess import CONDITIONAL
 from tritonllm.tokenizer.word_lists import encode_word_list
 
 PROMPTS = ["Hello 你好", "The quick brown fox", "😀 emoji 🎉 and", "数据 model token batch"]
@@ -301,6 +302,38 @@ def test_llm_processing_and_log_prob_tensors_equal_generate(stream, hf_model):
     joined_logprobs = np.concatenate([r.as_numpy("output_log_probs").reshape(-1) for r in streamed])
     assert np.allclose(joined_logprobs, logprobs.numpy(), atol=1e-4)
     assert streamed[-1].as_numpy("finish_reason").item() in (b"stop_words", b"length")
+
+
+def test_ensemble_sends_each_conditional_output_only_where_it_says_something(stream, tokenizer):
+    """A plain streamed answer's responses leave out every postprocess.CONDITIONAL output (stop_token but in the
+    last); asked for log-probs and the prompt's, each response has its tokens' log-probs and only the first the
+    prompt's: an optional input the llm left out is not handed on stale from an earlier response."""
+    s = stream()
+    # 32 tokens: several responses, though a sender that falls behind may merge some (runtime/coalesce.py)
+    s.send("ensemble", [*ensemble_inputs(PROMPTS[1], 32), tensor("ignore_eos", [[True]], "BOOL")])
+    plain = s.until_final()
+    for i, response in enumerate(plain):
+        sent = {name for name in CONDITIONAL if response.as_numpy(name) is not None}
+        assert sent == ({"stop_token"} if i == len(plain) - 1 else set()), i
+        assert response.as_numpy("token_texts").size == response.as_numpy("output_ids").size
+    assert plain[-1].as_numpy("stop_token").item() == -1
+
+    s.send(
+        "ensemble",
+        [
+            *ensemble_inputs(PROMPTS[1], 32),
+            tensor("ignore_eos", [[True]], "BOOL"),
+            tensor("return_log_probs", [[True]], "BOOL"),
+            tensor("num_top_log_probs", [[2]], "INT32"),
+            tensor("return_prompt_log_probs", [[True]], "BOOL"),
+        ],
+    )
+    asked = s.until_final()
+    assert [r.as_numpy("prompt_log_probs_json") is not None for r in asked] == [True] + [False] * (len(asked) - 1)
+    for response in asked:
+        tokens = response.as_numpy("output_ids").size
+        assert response.as_numpy("output_log_probs").shape == (1, tokens)
+        assert response.as_numpy("top_token_ids").shape == response.as_numpy("top_token_texts").shape == (1, tokens, 2)
 
 
 def test_timeout_ms_ends_a_generation_with_timeout(triton, stream):

@@ -50,7 +50,7 @@ def test_rows_unpack_to_what_the_llms_own_responses_postprocess_to():
     rows = multiplex.unpack(packed)
     assert [(r.request_id, r.final) for r in rows] == [(rid, final) for rid, _, final in responses]
     for row, (_, arrays, _) in zip(rows, responses, strict=True):
-        own = {**multiplex.EMPTY_LOG_PROBS, **arrays, response_status.NAME: response_status.pack(arrays)}
+        own = {**arrays, response_status.NAME: response_status.pack(arrays)}
         assert postprocess(Letters(), row.arrays).keys() == postprocess(Letters(), own).keys()
         for name, value in postprocess(Letters(), own).items():
             np.testing.assert_array_equal(postprocess(Letters(), row.arrays)[name], value, err_msg=name)

@@ -189,7 +189,6 @@ class Responder:
             "sequence_index": np.array([[0]], dtype=np.int32),
             "stop_token": np.array([[-1]], dtype=np.int32),
             **self._status(out),
-            **NO_LOG_PROBS,
         }
         if seq.params.return_log_probs:
             arrays["output_log_probs"] = padded([h.log_probs for h in best], np.float32, 0.0)
@@ -217,9 +216,9 @@ class Responder:
         }
 
     def _requested(self, seq, num_new: int) -> dict[str, np.ndarray]:
-        """The outputs the request asked for, covering this response's tokens. The log-prob outputs are always
-        there (empty unless asked for), because the ensemble hands them to postprocessing."""
-        p, arrays = seq.params, dict(NO_LOG_PROBS)
+        """The outputs the request asked for, covering this response's tokens (the ensemble's postprocessing takes
+        each of them as optional: a tensor sent for nothing costs every hop of every streamed token)."""
+        p, arrays = seq.params, {}
         first = seq.num_output_tokens - num_new
         if p.return_log_probs:
             arrays["output_log_probs"] = np.array(seq.logprobs[first:], dtype=np.float32).reshape(1, 1, -1)
@@ -238,14 +237,6 @@ class Responder:
         if p.return_generation_logits and num_new:
             arrays["generation_logits"] = torch.stack(seq.generation_logits[first:]).numpy()[None, None]
         return arrays
-
-
-NO_LOG_PROBS = {
-    "output_log_probs": np.zeros((1, 1, 0), dtype=np.float32),
-    "top_log_probs": np.zeros((1, 1, 0, 0), dtype=np.float32),
-    "top_log_prob_ids": np.zeros((1, 1, 0, 0), dtype=np.int32),
-    "prompt_log_probs": np.zeros((1, 0, 2), dtype=np.float32),
-}
 
 
 def _prompt_log_probs(seq) -> np.ndarray:

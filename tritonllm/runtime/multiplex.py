@@ -34,13 +34,6 @@ ROW_OUTPUTS = (
     "mux_preceding_counts",
     "mux_preceding_ids",
 )
-# What a row turns back into, beside the status: the llm's log-prob outputs, empty as a plain response sends them.
-EMPTY_LOG_PROBS = {
-    "output_log_probs": np.zeros((1, 1, 0), dtype=np.float32),
-    "top_log_probs": np.zeros((1, 1, 0, 0), dtype=np.float32),
-    "top_log_prob_ids": np.zeros((1, 1, 0, 0), dtype=np.int32),
-    "prompt_log_probs": np.zeros((1, 0, 2), dtype=np.float32),
-}
 
 
 @dataclass
@@ -80,7 +73,6 @@ def unpack(outputs: dict[str, np.ndarray]) -> list[Row]:
                 "output_ids": new[i].reshape(1, 1, -1),
                 "preceding_ids": preceding[i].reshape(1, -1),
                 response_status.NAME: status[i][None],
-                **EMPTY_LOG_PROBS,
             },
             final=finals[i],
         )

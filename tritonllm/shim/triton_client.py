@@ -259,19 +259,17 @@ class Chunk:
         return self.texts[0]
 
     @classmethod
-    def from_outputs(cls, output: Callable[[str], np.ndarray]) -> Chunk:
-        """From the ensemble's outputs, each read by name with `output`."""
+    def from_outputs(cls, output: Callable[[str], np.ndarray | None]) -> Chunk:
+        """From the ensemble's outputs, each read by name with `output` (None for one the response left out:
+        postprocess.CONDITIONAL)."""
 
-        def scalar(name: str):
-            return output(name).reshape(-1)[0]
+        def scalar(name: str, missing=None):
+            value = output(name)
+            return missing if value is None else value.reshape(-1)[0]
 
         def strings(name: str) -> list[str]:
             return [b.decode("utf-8", "replace") for b in output(name).reshape(-1)]
 
-        log_probs = output("output_log_probs").reshape(-1).tolist()
-        top = output("top_log_probs")[0]
-        top_texts = output("top_token_texts")[0]
-        top_ids = output("top_token_ids")[0]
         tokens = strings("token_texts")
         ids = output("output_ids").reshape(-1).tolist()
         return cls(
@@ -282,26 +280,35 @@ class Chunk:
             num_output_tokens=int(scalar("num_output_tokens")),
             batch_size=int(scalar("batch_size")),
             queue_wait_us=int(scalar("queue_wait_us")),
-            num_tokens=output("output_ids").size,
-            stop_token=int(scalar("stop_token")),
-            accepted_prediction_tokens=int(scalar("accepted_prediction_tokens")),
-            rejected_prediction_tokens=int(scalar("rejected_prediction_tokens")),
-            logprobs=[
-                TokenLogprob(
-                    tokens[i],
-                    log_probs[i],
-                    [(t.decode("utf-8", "replace"), float(v)) for t, v in zip(top_texts[i], top[i], strict=True)]
-                    if i < len(top)
-                    else [],
-                    ids[i],
-                    top_ids[i].tolist() if i < len(top_ids) else [],
-                )
-                for i in range(len(log_probs))
-            ],
+            num_tokens=len(ids),
+            stop_token=int(scalar("stop_token", -1)),
+            accepted_prediction_tokens=int(scalar("accepted_prediction_tokens", 0)),
+            rejected_prediction_tokens=int(scalar("rejected_prediction_tokens", 0)),
+            logprobs=_token_log_probs(output, tokens, ids),
             arrived=time.monotonic(),
             token_texts=tokens,
-            **_prompt_log_probs(scalar("prompt_log_probs_json")),
+            **_prompt_log_probs(scalar("prompt_log_probs_json", b"")),
         )
+
+
+def _token_log_probs(output: Callable[[str], np.ndarray | None], tokens: list[str], ids: list[int]) -> list:
+    """Each token's TokenLogprob, where the response carries log-probs."""
+    if output("output_log_probs") is None:
+        return []
+    log_probs = output("output_log_probs").reshape(-1).tolist()
+    top, top_texts, top_ids = output("top_log_probs")[0], output("top_token_texts")[0], output("top_token_ids")[0]
+    return [
+        TokenLogprob(
+            tokens[i],
+            log_probs[i],
+            [(t.decode("utf-8", "replace"), float(v)) for t, v in zip(top_texts[i], top[i], strict=True)]
+            if i < len(top)
+            else [],
+            ids[i],
+            top_ids[i].tolist() if i < len(top_ids) else [],
+        )
+        for i in range(len(log_probs))
+    ]
 
 
 def _prompt_log_probs(raw: bytes) -> dict:
@@ -473,7 +480,7 @@ class TritonLLMClient:
 
             def to_chunk(result) -> Chunk:
                 outputs = result.arrays if isinstance(result, multiplex.Row) else _all_outputs(result)
-                return Chunk.from_outputs(route.outputs(outputs).__getitem__)
+                return Chunk.from_outputs(route.outputs(outputs).get)
 
         done, finals = False, 0
         try:

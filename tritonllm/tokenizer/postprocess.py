@@ -16,18 +16,31 @@ from ..errors import RequestError
 from ..runtime import response_status
 from .detokenizer import text_increment
 
-# Unpacked from the llm's response_status, so every output of the ensemble comes from this last step.
-FROM_STATUS = (
+# Unpacked from the llm's response_status into every response, so every output of the ensemble comes from this
+# last step.
+ALWAYS_FROM_STATUS = (
     "finish_reason",
     "num_input_tokens",
     "num_output_tokens",
     "batch_size",
     "queue_wait_us",
     "sequence_index",
+)
+# Only where they say something: the log-prob outputs where the request asked for log-probs, stop_token in a
+# sample's last response, the prediction's counts where a prediction was given, the prompt's log-probs in the first
+# response that asked for them. A client that reads a missing output gets None (tritonclient's as_numpy).
+CONDITIONAL = (
+    "output_log_probs",
+    "top_log_probs",
+    "top_token_texts",
+    "top_token_ids",
     "stop_token",
     "accepted_prediction_tokens",
     "rejected_prediction_tokens",
+    "prompt_log_probs_json",
 )
+EMPTY = np.zeros((1, 1, 0), dtype=np.float32)
+EMPTY_TOP = np.zeros((1, 1, 0, 0), dtype=np.float32)
 
 # Sent by the llm only when asked for, and handed on as they are.
 PASSED_ON = ("cum_log_probs", "context_logits", "generation_logits")
@@ -39,7 +52,10 @@ def _strings(texts) -> np.ndarray:
 
 def postprocess(tokenizer, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """One llm response (postprocessing's inputs by name, batch dimension 1) -> the ensemble's outputs by name.
-    Raises RequestError when `check_ids` is set and output_ids holds ids outside the vocabulary."""
+    Raises RequestError when `check_ids` is set and output_ids holds ids outside the vocabulary.
+
+    Outputs that would carry nothing are left out (see CONDITIONAL): every tensor costs each hop of every streamed
+    token, and a client reads a missing output as None."""
     status = response_status.unpack(inputs[response_status.NAME])
     beams = inputs["output_ids"][0]  # [beam, tokens]
     lengths = status["sequence_length"][0].tolist()
@@ -56,28 +72,39 @@ def postprocess(tokenizer, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarra
         outside = [t for t in ids if not 0 <= t < vocab]
         if outside:
             raise RequestError("output_ids", f"output_ids holds token ids outside [0, {vocab}): {outside[:5]}")
-    log_probs = inputs["output_log_probs"][0, 0][: len(ids)]
-    top_ids = inputs["top_log_prob_ids"][0, 0][: len(ids)]
+    decode = tokenizer.decode
     outputs = {
         "text_output": _strings(texts)[None],
         "output_ids": np.array([ids], dtype=np.int32),
-        "output_log_probs": log_probs[None],
-        "top_log_probs": inputs["top_log_probs"][0, 0][: len(ids)][None],
+        # each token's own text (a reasoning parser counts the tokens of the thinking by it)
+        "token_texts": _strings(decode([t]) for t in ids)[None],
     }
-    decode = tokenizer.decode
-    # each token's own text (log-probs show it; a reasoning parser counts the tokens of the thinking by it)
-    outputs["token_texts"] = _strings(decode([t]) for t in ids)[None]
-    if top_ids.size:
-        top_texts = [[decode([int(t)]).encode() for t in row] for row in top_ids]
-        outputs["top_token_texts"] = np.array(top_texts, dtype=np.object_).reshape(top_ids.shape)[None]
-        outputs["top_token_ids"] = top_ids.astype(np.int32)[None]
-    else:
-        outputs["top_token_texts"] = np.zeros((1, 0, 0), dtype=np.object_)
-        outputs["top_token_ids"] = np.zeros((1, 0, 0), dtype=np.int32)
-    outputs.update((name, status[name]) for name in FROM_STATUS)
-    outputs["prompt_log_probs_json"] = _strings([_prompt_log_probs(tokenizer, inputs["prompt_log_probs"][0])])[None]
+    outputs.update((name, status[name]) for name in ALWAYS_FROM_STATUS)
+    if final:
+        outputs["stop_token"] = status["stop_token"]
+    if status["accepted_prediction_tokens"].item() or status["rejected_prediction_tokens"].item():
+        outputs.update((name, status[name]) for name in ("accepted_prediction_tokens", "rejected_prediction_tokens"))
+    outputs.update(_log_probs(decode, inputs, len(ids)))
+    if "prompt_log_probs" in inputs and inputs["prompt_log_probs"].size:
+        outputs["prompt_log_probs_json"] = _strings([_prompt_log_probs(tokenizer, inputs["prompt_log_probs"][0])])[None]
     outputs.update((name, inputs[name]) for name in PASSED_ON if name in inputs)
     return outputs
+
+
+def _log_probs(decode, inputs: dict[str, np.ndarray], num_tokens: int) -> dict[str, np.ndarray]:
+    """The tokens' log-probs and their best alternatives with their texts, where the llm sent them (asked for by
+    return_log_probs / num_top_log_probs)."""
+    log_probs = inputs.get("output_log_probs", EMPTY)[0, 0][:num_tokens]
+    top_ids = inputs.get("top_log_prob_ids", EMPTY_TOP)[0, 0][:num_tokens]
+    if not log_probs.size and not top_ids.size:
+        return {}
+    top_texts = [[decode([int(t)]).encode() for t in row] for row in top_ids]
+    return {
+        "output_log_probs": log_probs[None],
+        "top_log_probs": inputs.get("top_log_probs", EMPTY_TOP)[0, 0][:num_tokens][None],
+        "top_token_texts": np.array(top_texts, dtype=np.object_).reshape(top_ids.shape)[None],
+        "top_token_ids": top_ids.astype(np.int32)[None],
+    }
 
 
 def _prompt_log_probs(tokenizer, rows: np.ndarray) -> str:
