@@ -307,6 +307,9 @@ def ours(
     if tree is not None:
         repository = repository or tree / "model_repository"
         env["PYTHONPATH"] = str(tree)
+        # its own kernel cache: this process's in-process engine set TORCH_EXTENSIONS_DIR to this checkout's, and the
+        # other tree's stub then built its sources there, so that this checkout's next start rebuilt them all
+        env["TORCH_EXTENSIONS_DIR"] = str(tree / ".cache" / "torch_extensions")
     if repository is not None:
         command += ["--model-repository", str(repository)]
     # From the other tree: the models' stubs put their working directory first on sys.path, so from this one they
