@@ -210,10 +210,6 @@ def _whole_response(ids: list[int]) -> list[grpcclient.InferInput]:
         _infer_input("output_ids", "INT32", np.array([[ids]], dtype=np.int32)),
         _infer_input("preceding_ids", "INT32", np.zeros((1, 0), dtype=np.int32)),
         _infer_input(response_status.NAME, "INT64", status),
-        _infer_input("output_log_probs", "FP32", np.zeros((1, 1, 0), dtype=np.float32)),
-        _infer_input("top_log_probs", "FP32", np.zeros((1, 1, 0, 0), dtype=np.float32)),
-        _infer_input("top_log_prob_ids", "INT32", np.zeros((1, 1, 0, 0), dtype=np.int32)),
-        _infer_input("prompt_log_probs", "FP32", np.zeros((1, 0, 0), dtype=np.float32)),
         _infer_input("check_ids", "BOOL", np.array([[True]])),
     ]
 
