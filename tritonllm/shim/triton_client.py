@@ -289,9 +289,10 @@ class Chunk:
 
 def _token_log_probs(output: Callable[[str], np.ndarray | None], tokens: list[str], ids: list[int]) -> list:
     """Each token's TokenLogprob, where the response carries log-probs."""
-    if output("output_log_probs") is None:
+    sent = output("output_log_probs")  # tritonclient's as_numpy decodes the tensor at each call: once here
+    if sent is None:
         return []
-    log_probs = output("output_log_probs").reshape(-1).tolist()
+    log_probs = sent.reshape(-1).tolist()
     top, top_texts, top_ids = output("top_log_probs")[0], output("top_token_texts")[0], output("top_token_ids")[0]
     return [
         TokenLogprob(
@@ -308,7 +309,7 @@ def _token_log_probs(output: Callable[[str], np.ndarray | None], tokens: list[st
 
 
 def _prompt_log_probs(raw: bytes) -> dict:
-    """Chunk's prompt fields from postprocessing's JSON (empty but in a request's first response)."""
+    """Chunk's prompt fields from postprocessing's JSON (b"" where a response has none: all but the first)."""
     if not raw:
         return {}
     parsed = json.loads(raw)
