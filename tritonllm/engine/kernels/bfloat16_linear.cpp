@@ -107,23 +107,12 @@ void tile(const typename Ops::Input* x, const uint16_t* w, int64_t k, const int6
     }
 }
 
-// The `left` (< R + 1) input rows after the full tiles, as one tile of that many rows.
-template <typename Ops, int R, int COLS>
-void last_tile(int64_t left, const typename Ops::Input* x, const uint16_t* w, int64_t k, const int64_t* ns,
-               float* out, int64_t out_stride) {
-  if constexpr (R > 0) {
-    if (left == R) return tile<Ops, R, COLS>(x, w, k, ns, out, out_stride);
-    last_tile<Ops, R - 1, COLS>(left, x, w, k, ns, out, out_stride);
-  }
-}
-
 template <typename Ops>
 void linear(const typename Ops::Input* x, int64_t rows, const uint16_t* w, int64_t n, int64_t k, float* out) {
   const auto kernel = [&](auto cols, const int64_t* ns) {
-    int64_t r = 0;
-    for (; r + Ops::kTileRows <= rows; r += Ops::kTileRows)
-      tile<Ops, Ops::kTileRows, cols()>(x + r * k, w, k, ns, out + r * n, n);
-    last_tile<Ops, Ops::kTileRows - 1, cols()>(rows - r, x + r * k, w, k, ns, out + r * n, n);
+    float_vec::even_tiles<Ops::kTileRows>(rows, [&](auto tile_rows, int64_t first) {
+      tile<Ops, tile_rows(), cols()>(x + first * k, w, k, ns, out + first * n, n);
+    });
   };
   // One sequence: as many weight rows side by side as keep the memory busy. More: a tile's sums, kTileRows x 4.
   // (Prefetching the next 4 weight rows into L2, as dense_linear's tiles do, changed nothing here at 8 to 64

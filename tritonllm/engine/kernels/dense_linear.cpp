@@ -93,18 +93,9 @@ inline void row_times_rows(const float* x, const float* w, int64_t k, const int6
   }
 }
 
-// The `left` (< R + 1) input rows after the full tiles, as one tile of that many rows.
-template <int R, int COLS>
-inline void last_tile(int64_t left, const float* x, const float* w, int64_t k, float* out, int64_t n_total) {
-  if constexpr (R > 0) {
-    if (left == R) return tile<R, COLS>(x, k, w, k, out, n_total);
-    last_tile<R - 1, COLS>(left, x, w, k, out, n_total);
-  }
-}
-
 // Every input row against weight rows [n, n + COLS), in tiles of as many rows as the registers hold beside COLS
-// weight rows: 6 x 4 accumulators of AVX-512's 32 registers (3 x 4 of AVX2's 16). Each output is summed the same
-// way whatever tile it falls in.
+// weight rows: 6 x 4 accumulators of AVX-512's 32 registers (3 x 4 of AVX2's 16), the rows spread evenly over the
+// tiles. Each output is summed the same way whatever tile it falls in.
 template <int COLS>
 inline void rows_times(const float* x, int64_t rows, const float* w, int64_t k, float* out, int64_t n_total) {
   constexpr int kRows = COLS == 4 ? kTileRows : 8;
@@ -115,16 +106,11 @@ inline void rows_times(const float* x, int64_t rows, const float* w, int64_t k, 
   const char* next = reinterpret_cast<const char*>(w + COLS * k);
   const int64_t lines = COLS * k * 4 / 64, tiles = (rows + kRows - 1) / kRows;
   const int64_t per_tile = (lines + tiles - 1) / tiles;
-  int64_t m = 0, line = 0;
-  auto prefetch_share = [&]() {
+  int64_t line = 0;
+  float_vec::even_tiles<kRows>(rows, [&](auto tile_rows, int64_t first) {
     for (int64_t end = std::min(line + per_tile, lines); line < end; ++line) _mm_prefetch(next + line * 64, _MM_HINT_T1);
-  };
-  for (; m + kRows <= rows; m += kRows) {
-    prefetch_share();
-    tile<kRows, COLS>(x + m * k, k, w, k, out + m * n_total, n_total);
-  }
-  prefetch_share();
-  last_tile<kRows - 1, COLS>(rows - m, x + m * k, w, k, out + m * n_total, n_total);
+    tile<tile_rows(), COLS>(x + first * k, k, w, k, out + first * n_total, n_total);
+  });
 }
 
 }  // namespace
