@@ -60,3 +60,30 @@ def test_a_step_with_decodes_takes_no_more_prefill_than_allowed(tiny_model_dir, 
         assert all(s.num_output_tokens > 0 for s in decoding)
         assert long.num_computed - before <= allowance
     assert long.num_computed == 100
+
+
+def test_a_burst_goes_in_at_the_full_budget_and_a_prompt_that_comes_later_is_capped(tiny_model_dir):
+    """The cap protects streams from prompts that arrive while they stream; a burst's prompts were all waiting
+    before its first streams began, so they go in at the step's full budget (its last first token is not held
+    back by the streams its first prompts started), and a prompt that comes after them is capped."""
+    engine = make_engine(tiny_model_dir, max_num_batched_tokens=64)
+    engine.scheduler.step_cost.prefill_allowance = lambda decodes: 4
+    burst = [Sequence(list(range(10 + i, 40 + i)), SamplingParams(max_tokens=50)) for i in range(6)]
+    for seq in burst:
+        engine.add(seq)
+
+    def prompt_progress(seqs):
+        return sum(min(s.num_computed, s.num_prompt_tokens) for s in seqs)
+
+    steps_with_decodes = 0
+    while prompt_progress(burst) < sum(s.num_prompt_tokens for s in burst):
+        before, decodes = prompt_progress(burst), sum(s.num_output_tokens > 0 for s in burst)
+        engine.step()
+        steps_with_decodes += decodes > 0
+        assert prompt_progress(burst) - before > 4, "a burst's prompt held to the cap"
+    assert steps_with_decodes >= 2  # its first streams decoded while the rest went in
+    late = Sequence(list(range(100, 140)), SamplingParams(max_tokens=4))
+    engine.add(late)
+    engine.step()
+    assert all(s.num_output_tokens > 1 for s in burst)
+    assert 0 < late.num_computed <= 4

@@ -50,12 +50,14 @@ class EngineConfig:
     )
     block_size: int = setting(16, "tokens per KV block")
     max_num_seqs: int = setting(64, "sequences in one step at most")
-    max_num_batched_tokens: int = setting(512, "tokens in one step at most (longer prompts are chunked)")
+    max_num_batched_tokens: int = setting(
+        2048, "tokens in one step at most (longer prompts are chunked; a burst's prompts go in together up to it)"
+    )
     enable_prefix_caching: bool = setting(True, "share the KV blocks of common prompt prefixes")
     prefill_slowdown: float = setting(
         2.0,
-        "while streams decode, a step that also takes in prompt tokens lasts at most this times a decode-only "
-        "step (0: no cap beyond max_num_batched_tokens)",
+        "while streams decode, a step that also takes in prompt tokens that arrived after they began lasts at most "
+        "this times a decode-only step (0: no cap beyond max_num_batched_tokens)",
     )
     quantized_weights: bool = setting(
         True, "a model served from a .gguf file keeps its Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q6_K weights quantized"

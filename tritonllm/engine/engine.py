@@ -292,6 +292,7 @@ class LLMEngine:
         stats = self.stats
         stats.generation_tokens += 1
         if seq.num_output_tokens == 1:
+            seq.first_token_time = now
             stats.time_to_first_token.append(now - seq.arrival_time)
             stats.queue_time.append(seq.queue_wait())
         else:

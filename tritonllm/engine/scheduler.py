@@ -7,8 +7,9 @@ a chunk reaches its end.
 
 Order is by rank: priority (1 highest .. 5 lowest), then arrival. Running sequences are served before new ones,
 so decodes are never starved by a long prompt, whose prefill is spread over steps by the token budget. While
-streams decode, a step's prefill is further capped by what the step's measured cost allows (step_cost.py), so
-an arriving prompt never stalls them for long. When
+streams decode, a step's prefill of prompts that arrived after they began is further capped by what the step's
+measured cost allows (step_cost.py), so an arriving prompt never stalls them for long; a burst's prompts, all
+waiting before its first streams began, go in at the full budget. When
 blocks run out, the worst-ranked running sequence is preempted; a waiting sequence may preempt running ones
 only of strictly lower priority.
 """
@@ -98,8 +99,7 @@ class Scheduler:
         ended = self._expire()
         self._preempt_for_priority()
         budget = self.max_num_batched_tokens
-        decodes = sum(1 for s in self.running if decoding(s))
-        allowance = self.step_cost.prefill_allowance(decodes) if self.step_cost is not None else None
+        allowance = self._prefill_allowance()
         prefill_budget = budget if allowance is None else allowance
         chunks: list[ScheduledChunk] = []
         # In rank order, so that a sequence making room preempts only sequences not yet given a chunk.
@@ -146,6 +146,26 @@ class Scheduler:
             budget -= chunk.num_fed
             prefill_budget -= chunk.num_tokens
         return chunks, ended
+
+    def _prefill_allowance(self) -> int | None:
+        """The prompt tokens this step may take in beside its decodes (step_cost.py); None: the whole budget.
+
+        The cap protects streams from prompts that arrive while they stream, not from the prompts that were
+        already waiting when they began: a burst of requests all goes in at the full token budget (as vLLM takes
+        it), so its last first token is not held back by the streams that its first prompts started. Only a
+        stream that was streaming before the oldest prompt still to prefill arrived calls for the cap.
+        """
+        if self.step_cost is None:
+            return None
+        decodes = [s for s in self.running if decoding(s)]
+        pending = [s.arrival_time for s in self.running if not decoding(s)]
+        pending += [s.arrival_time for s in self.waiting if s.ready]
+        if not pending:
+            return None
+        oldest = min(pending)
+        if not any(s.first_token_time is not None and s.first_token_time <= oldest for s in decodes):
+            return None
+        return self.step_cost.prefill_allowance(len(decodes))
 
     def _expire(self) -> list[Sequence]:
         now = time.monotonic()

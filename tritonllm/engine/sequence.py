@@ -71,6 +71,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     arrival_time: float = field(default_factory=time.monotonic)
     first_scheduled_time: float | None = None
+    first_token_time: float | None = None  # when it began to stream (the scheduler's prefill cap protects it)
     last_token_time: float | None = None  # set when it first runs, then at every token
     generator: torch.Generator | None = field(init=False, default=None)
     # Reported back when the request asks (see SamplingParams).
@@ -146,6 +147,7 @@ class Sequence:
             beam=self.beam,
             arrival_time=self.arrival_time,
             first_scheduled_time=self.first_scheduled_time,
+            first_token_time=self.first_token_time,
         )
 
     @property
