@@ -429,9 +429,7 @@ struct DecoderLayers {
           store_kv(l, slot[b], head, row + q_size + kv_size);
         });
         phase_board::run(seat, attention_units, [&](int64_t u) {
-          const int64_t last = std::min(batch * heads, (u + 1) * heads_per_unit);
-          for (int64_t h = u * heads_per_unit; h < last; ++h)
-            attention[l].head(h / heads, h % heads, scores, attended + h * dim);
+          attention[l].heads(u * heads_per_unit, std::min(batch * heads, (u + 1) * heads_per_unit), scores, attended);
         });
         round_for(o_w[l], attended);
         phase_board::run(seat, o_units.size(), [&](int64_t u) {

@@ -165,10 +165,22 @@ void block_scores(const float* query, const Rows<KV>& keys, int64_t count, int64
 }
 
 // out[0:n] += sum over rows r < count of weights[r] * rows r, summed in registers: updating `out` row by row
-// would make every row wait for the previous row's store.
+// would make every row wait for the previous row's store. kChains vectors of `out` at a time, so that as many
+// independent sums advance together instead of each waiting out the one FMA before it (a head of 64 values: 4
+// AVX-512 vectors, each one chain of `count` FMAs before); each value is still summed row after row, front to back.
 template <typename KV>
 void accumulate(float* out, const float* weights, const Rows<KV>& rows, int64_t count, int64_t n) {
+  constexpr int64_t kChains = 4;
   int64_t i = 0;
+  for (; i + kChains * Vec::size() <= n; i += kChains * Vec::size()) {
+    Vec sum[kChains];
+    for (int64_t c = 0; c < kChains; ++c) sum[c] = Vec::loadu(out + i + c * Vec::size());
+    for (int64_t r = 0; r < count; ++r) {
+      const Vec weight(weights[r]);
+      for (int64_t c = 0; c < kChains; ++c) sum[c] = at::vec::fmadd(weight, rows.load(r, i + c * Vec::size()), sum[c]);
+    }
+    for (int64_t c = 0; c < kChains; ++c) sum[c].store(out + i + c * Vec::size());
+  }
   for (; i + Vec::size() <= n; i += Vec::size()) {
     Vec sum = Vec::loadu(out + i);
     for (int64_t r = 0; r < count; ++r) sum = at::vec::fmadd(Vec(weights[r]), rows.load(r, i), sum);
@@ -201,45 +213,56 @@ float exp_shifted(float* row, int64_t n) {
   return total;
 }
 
-// One query head of one sequence: its scores over the context, their softmax, then the values' weighted sum,
-// read block by block front to back. result[0:dim] is written once, at the end (decoder_layers.cpp's phases
-// rely on it: a value another thread may read is never an intermediate one).
+// Query heads h .. h + count - 1 of sequence b, which share a KV head: each head's scores over the context,
+// their softmax, then the values' weighted sum, the keys and values read block by block front to back, every
+// head of the group in turn on a block while it is in the core's L1 (one head after another over the whole
+// context read each block from L2 again). Each head's arithmetic is the same as alone. result[j * dim ..] is
+// written once, at the end (decoder_layers.cpp's phases rely on it: a value another thread may read is never an
+// intermediate one).
 template <typename KV>
-void attend_head(const DecodeAttention& a, int64_t b, int64_t h, std::vector<float>& scores, float* result) {
-  const int64_t len = a.lens[b], group = a.q_heads / a.kv_heads;
+void attend_heads(const DecodeAttention& a, int64_t b, int64_t h, int64_t count, std::vector<float>& scratch,
+                  float* result) {
+  const int64_t len = a.lens[b], group = a.q_heads / a.kv_heads, kv_head = h / group;
   const int64_t first = a.window > 0 ? std::max<int64_t>(0, len - a.window) : 0, seen = len - first;
   const float* query = a.q + (b * a.q_heads + h) * a.dim;
   const int64_t* table = a.tables + b * a.max_blocks;
-  const int64_t head_offset = (h / group) * a.dim, position_stride = a.kv_heads * a.dim;
+  const int64_t head_offset = kv_head * a.dim, position_stride = a.kv_heads * a.dim;
   const KV* kp = static_cast<const KV*>(a.k);
   const KV* vp = static_cast<const KV*>(a.v);
-  scores.resize(seen + a.dim);
-  float* sums = scores.data() + seen;  // the values' weighted sum, before the softmax's division
-  for (int64_t start = first; start < len;) {  // block by block, as the values below
-    const int64_t offset = start % a.block_size, count = std::min(a.block_size - offset, len - start);
-    const int64_t position = table[start / a.block_size] * a.block_size + offset;
-    const Rows<KV> keys{kp + position * position_stride + head_offset, position_stride,
-                        a.k_scales ? a.k_scales + position * a.kv_heads + h / group : nullptr, a.kv_heads};
-    block_scores(query, keys, count, a.dim, scores.data() + start - first);
-    start += count;
-  }
-  for (int64_t i = 0; i < seen; ++i) {
-    scores[i] *= a.scale;
-    if (a.softcap > 0.f) scores[i] = a.softcap * std::tanh(scores[i] / a.softcap);
-  }
-  const float total = exp_shifted(scores.data(), seen);
-  std::fill(sums, sums + a.dim, 0.f);
+  scratch.resize(count * (seen + a.dim + 1));
+  float* const scores = scratch.data();             // [count][seen]
+  float* const sums = scores + count * seen;        // [count][dim]: the values' weighted sums, before the division
+  float* const totals = sums + count * a.dim;       // [count]: the softmax's denominators
   // Runs of positions that lie in one block; the first may start mid-block when a window cuts the context.
-  for (int64_t start = first; start < len;) {
-    const int64_t offset = start % a.block_size, count = std::min(a.block_size - offset, len - start);
-    const int64_t position = table[start / a.block_size] * a.block_size + offset;
-    const Rows<KV> values{vp + position * position_stride + head_offset, position_stride,
-                          a.v_scales ? a.v_scales + position * a.kv_heads + h / group : nullptr, a.kv_heads};
-    accumulate(sums, scores.data() + start - first, values, count, a.dim);
-    start += count;
+  auto for_each_run = [&](const KV* cache, const float* scales, const auto& f) {
+    for (int64_t start = first; start < len;) {
+      const int64_t offset = start % a.block_size, run = std::min(a.block_size - offset, len - start);
+      const int64_t position = table[start / a.block_size] * a.block_size + offset;
+      f(Rows<KV>{cache + position * position_stride + head_offset, position_stride,
+                 scales ? scales + position * a.kv_heads + kv_head : nullptr, a.kv_heads},
+        start - first, run);
+      start += run;
+    }
+  };
+  for_each_run(kp, a.k_scales, [&](const Rows<KV>& keys, int64_t at, int64_t run) {
+    for (int64_t j = 0; j < count; ++j) block_scores(query + j * a.dim, keys, run, a.dim, scores + j * seen + at);
+  });
+  for (int64_t j = 0; j < count; ++j) {
+    float* row = scores + j * seen;
+    for (int64_t i = 0; i < seen; ++i) {
+      row[i] *= a.scale;
+      if (a.softcap > 0.f) row[i] = a.softcap * std::tanh(row[i] / a.softcap);
+    }
+    totals[j] = exp_shifted(row, seen);
   }
-  const float inverse = 1.f / total;
-  for (int64_t d = 0; d < a.dim; ++d) result[d] = sums[d] * inverse;
+  std::fill(sums, sums + count * a.dim, 0.f);
+  for_each_run(vp, a.v_scales, [&](const Rows<KV>& values, int64_t at, int64_t run) {
+    for (int64_t j = 0; j < count; ++j) accumulate(sums + j * a.dim, scores + j * seen + at, values, run, a.dim);
+  });
+  for (int64_t j = 0; j < count; ++j) {
+    const float inverse = 1.f / totals[j];
+    for (int64_t d = 0; d < a.dim; ++d) result[j * a.dim + d] = sums[j * a.dim + d] * inverse;
+  }
 }
 
 }  // namespace
@@ -266,9 +289,9 @@ DecodeAttention::DecodeAttention(const float* q, int64_t batch, int64_t q_heads,
                 "an int8 cache: float32 scales [num_blocks, block_size, Hkv] for keys and values");
     this->k_scales = k_scales.data_ptr<float>();
     this->v_scales = v_scales.data_ptr<float>();
-    attend_ = &attend_head<int8_t>;
+    attend_ = &attend_heads<int8_t>;
   } else {
-    attend_ = kv == torch::kBFloat16 ? &attend_head<BF16> : &attend_head<float>;
+    attend_ = kv == torch::kBFloat16 ? &attend_heads<BF16> : &attend_heads<float>;
   }
 }
 
@@ -302,8 +325,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     std::vector<float> scratch;  // reused across this thread's heads
     for (int64_t item = next++; item < items; item = next++)
-      for (int64_t head = item * heads_per_item; head < (item + 1) * heads_per_item; ++head)
-        attention.head(head / attention.q_heads, head % attention.q_heads, scratch, op + head * attention.dim);
+      attention.heads(item * heads_per_item, (item + 1) * heads_per_item, scratch, op);
   });
   return out;
 }

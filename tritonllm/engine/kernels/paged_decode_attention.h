@@ -1,9 +1,10 @@
-// Decode attention over the paged KV cache, one query head at a time, for callers that hand out the heads to
+// Decode attention over the paged KV cache, a span of query heads at a time, for callers that hand out the heads to
 // threads themselves (paged_decode_attention() below, decoder_layers.cpp's phases).
 #pragma once
 
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -16,10 +17,17 @@ struct DecodeAttention {
                   double scale, int64_t window, double softcap, const torch::Tensor& k_scales,
                   const torch::Tensor& v_scales);
 
-  // result[0:dim] = row b's query head h attending over its context (written once, at the end); scratch: any
-  // vector, reused across calls.
-  void head(int64_t b, int64_t h, std::vector<float>& scratch, float* result) const {
-    attend_(*this, b, h, scratch, result);
+  // result[h * dim : (h + 1) * dim] for each query head h in [first, last) of the heads counted row after row
+  // (row h / q_heads, head h % q_heads) attending over its row's context, the heads that share a KV head together;
+  // each written once, at the end of its group. scratch: any vector, reused across calls.
+  void heads(int64_t first, int64_t last, std::vector<float>& scratch, float* result) const {
+    const int64_t group = q_heads / kv_heads;
+    for (int64_t h = first; h < last;) {
+      const int64_t row = h / q_heads, head = h % q_heads;
+      const int64_t end = std::min(last, row * q_heads + (head / group + 1) * group);
+      attend_(*this, row, head, end - h, scratch, result + h * dim);
+      h = end;
+    }
   }
   // Query heads a work item should take: the heads that share a KV head when there are enough groups for the
   // threads, else one.
@@ -36,7 +44,7 @@ struct DecodeAttention {
   float scale, softcap;
 
  private:
-  void (*attend_)(const DecodeAttention&, int64_t, int64_t, std::vector<float>&, float*);
+  void (*attend_)(const DecodeAttention&, int64_t, int64_t, int64_t, std::vector<float>&, float*);
 };
 
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
