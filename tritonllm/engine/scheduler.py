@@ -8,8 +8,8 @@ a chunk reaches its end.
 Order is by rank: priority (1 highest .. 5 lowest), then arrival. Running sequences are served before new ones,
 so decodes are never starved by a long prompt, whose prefill is spread over steps by the token budget. While
 streams decode, a step's prefill of prompts that arrived after they began is further capped by what the step's
-measured cost allows (step_cost.py), so an arriving prompt never stalls them for long; a burst's prompts, all
-waiting before its first streams began, go in at the full budget. When
+measured cost allows (step_cost.py), so an arriving prompt never stalls them for long; a burst's prompts go in
+at the full budget. When
 blocks run out, the worst-ranked running sequence is preempted; a waiting sequence may preempt running ones
 only of strictly lower priority.
 """
@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from .block_manager import BlockManager
 from .sequence import FinishReason, Sequence, SequenceStatus
 from .step_cost import StepCost
+
+BURST_SECONDS = 1.0  # prompts this close to a stream's first token are one burst with it: not capped for it
 
 
 @dataclass
@@ -58,6 +60,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.step_cost = step_cost
+        self.burst_seconds = BURST_SECONDS
         self.waiting: list[Sequence] = []  # sorted by rank
         self.running: list[Sequence] = []  # sorted by rank at every step
         self.num_preemptions = 0
@@ -150,10 +153,12 @@ class Scheduler:
     def _prefill_allowance(self) -> int | None:
         """The prompt tokens this step may take in beside its decodes (step_cost.py); None: the whole budget.
 
-        The cap protects streams from prompts that arrive while they stream, not from the prompts that were
-        already waiting when they began: a burst of requests all goes in at the full token budget (as vLLM takes
-        it), so its last first token is not held back by the streams that its first prompts started. Only a
-        stream that was streaming before the oldest prompt still to prefill arrived calls for the cap.
+        The cap protects streams from prompts that arrive while they stream, not from a burst's prompts: requests
+        that come within BURST_SECONDS of the streams' first tokens all go in at the full budget (as vLLM takes
+        them), so a burst's last first token is not held back by the streams its first prompts started. Through
+        Triton's ensemble a burst of 32 reaches the engine over ~0.2 s (the preprocessing model tokenizes one
+        request at a time), and the first step starts with the first of them alone. Only a stream that was
+        streaming BURST_SECONDS before the oldest prompt still to prefill arrived calls for the cap.
         """
         if self.step_cost is None:
             return None
@@ -162,8 +167,8 @@ class Scheduler:
         pending += [s.arrival_time for s in self.waiting if s.ready]
         if not pending:
             return None
-        oldest = min(pending)
-        if not any(s.first_token_time is not None and s.first_token_time <= oldest for s in decodes):
+        protected_since = min(pending) - self.burst_seconds
+        if not any(s.first_token_time is not None and s.first_token_time <= protected_since for s in decodes):
             return None
         return self.step_cost.prefill_allowance(len(decodes))
 
