@@ -219,6 +219,8 @@ float exp_shifted(float* row, int64_t n) {
 // context read each block from L2 again). Each head's arithmetic is the same as alone. result[j * dim ..] is
 // written once, at the end (decoder_layers.cpp's phases rely on it: a value another thread may read is never an
 // intermediate one).
+constexpr int64_t kPrefetchLines = 2048;  // 128 KB: a group's keys and values of 256 positions, in a core's L2
+
 template <typename KV>
 void attend_heads(const DecodeAttention& a, int64_t b, int64_t h, int64_t count, std::vector<float>& scratch,
                   float* result) {
@@ -233,18 +235,34 @@ void attend_heads(const DecodeAttention& a, int64_t b, int64_t h, int64_t count,
   float* const scores = scratch.data();             // [count][seen]
   float* const sums = scores + count * seen;        // [count][dim]: the values' weighted sums, before the division
   float* const totals = sums + count * a.dim;       // [count]: the softmax's denominators
-  // Runs of positions that lie in one block; the first may start mid-block when a window cuts the context.
-  auto for_each_run = [&](const KV* cache, const float* scales, const auto& f) {
+  // Runs of positions that lie in one block, as f(the run's first position in the cache, its first in the
+  // context seen, its length); the first may start mid-block when a window cuts the context.
+  auto for_each_run = [&](const auto& f) {
     for (int64_t start = first; start < len;) {
       const int64_t offset = start % a.block_size, run = std::min(a.block_size - offset, len - start);
-      const int64_t position = table[start / a.block_size] * a.block_size + offset;
-      f(Rows<KV>{cache + position * position_stride + head_offset, position_stride,
-                 scales ? scales + position * a.kv_heads + kv_head : nullptr, a.kv_heads},
-        start - first, run);
+      f(table[start / a.block_size] * a.block_size + offset, start - first, run);
       start += run;
     }
   };
-  for_each_run(kp, a.k_scales, [&](const Rows<KV>& keys, int64_t at, int64_t run) {
+  auto rows = [&](const KV* cache, const float* scales, int64_t position) {
+    return Rows<KV>{cache + position * position_stride + head_offset, position_stride,
+                    scales ? scales + position * a.kv_heads + kv_head : nullptr, a.kv_heads};
+  };
+  // The group's keys and values (up to kPrefetchLines cache lines of them) asked of memory all at once, before the
+  // first is needed: a step's cache comes from DRAM (each layer's weights evict the last one's from L3), one run
+  // of a block table's scattered blocks at a time, and read so the cores waited on each block in turn (32
+  // sequences of 128 positions, SmolLM2's 30 layers: 13.7 -> 10.4 ms, 13 -> 18 GB/s, on AMD EPYC Zen 4).
+  int64_t lines = kPrefetchLines;
+  for_each_run([&](int64_t position, int64_t, int64_t run) {
+    for (int64_t p = position; p < position + run && lines > 0; ++p)
+      for (const KV* cache : {kp, vp}) {
+        const char* vector = reinterpret_cast<const char*>(cache + p * position_stride + head_offset);
+        for (int64_t byte = 0; byte < a.dim * static_cast<int64_t>(sizeof(KV)); byte += 64, --lines)
+          _mm_prefetch(vector + byte, _MM_HINT_T1);
+      }
+  });
+  for_each_run([&](int64_t position, int64_t at, int64_t run) {
+    const Rows<KV> keys = rows(kp, a.k_scales, position);
     for (int64_t j = 0; j < count; ++j) block_scores(query + j * a.dim, keys, run, a.dim, scores + j * seen + at);
   });
   for (int64_t j = 0; j < count; ++j) {
@@ -256,7 +274,8 @@ void attend_heads(const DecodeAttention& a, int64_t b, int64_t h, int64_t count,
     totals[j] = exp_shifted(row, seen);
   }
   std::fill(sums, sums + count * a.dim, 0.f);
-  for_each_run(vp, a.v_scales, [&](const Rows<KV>& values, int64_t at, int64_t run) {
+  for_each_run([&](int64_t position, int64_t at, int64_t run) {
+    const Rows<KV> values = rows(vp, a.v_scales, position);
     for (int64_t j = 0; j < count; ++j) accumulate(sums + j * a.dim, scores + j * seen + at, values, run, a.dim);
   });
   for (int64_t j = 0; j < count; ++j) {
