@@ -213,14 +213,14 @@ float exp_shifted(float* row, int64_t n) {
   return total;
 }
 
+constexpr int64_t kPrefetchLines = 2048;  // 128 KB: a group's keys and values of 256 positions, in a core's L2
+
 // Query heads h .. h + count - 1 of sequence b, which share a KV head: each head's scores over the context,
 // their softmax, then the values' weighted sum, the keys and values read block by block front to back, every
 // head of the group in turn on a block while it is in the core's L1 (one head after another over the whole
 // context read each block from L2 again). Each head's arithmetic is the same as alone. result[j * dim ..] is
 // written once, at the end (decoder_layers.cpp's phases rely on it: a value another thread may read is never an
 // intermediate one).
-constexpr int64_t kPrefetchLines = 2048;  // 128 KB: a group's keys and values of 256 positions, in a core's L2
-
 template <typename KV>
 void attend_heads(const DecodeAttention& a, int64_t b, int64_t h, int64_t count, std::vector<float>& scratch,
                   float* result) {
