@@ -56,8 +56,8 @@ class EngineConfig:
     enable_prefix_caching: bool = setting(True, "share the KV blocks of common prompt prefixes")
     prefill_slowdown: float = setting(
         2.0,
-        "while streams decode, a step that also takes in prompt tokens that arrived after they began lasts at most "
-        "this times a decode-only step (0: no cap beyond max_num_batched_tokens)",
+        "while streams decode, a step that also takes in prompts that arrived over a second after they began lasts "
+        "at most this times a decode-only step (0: no cap beyond max_num_batched_tokens)",
     )
     quantized_weights: bool = setting(
         True, "a model served from a .gguf file keeps its Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q6_K weights quantized"
