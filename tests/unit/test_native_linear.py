@@ -1,6 +1,6 @@
-"""The native float32 linear kernel against torch's F.linear: every tile shape it picks (one row, a few, past a
-multiple of three), inputs whose width is no multiple of the vector width, output widths that end mid-tile, a
-bias; and the layers the engine swaps in."""
+"""The native float32 linear kernels (decode rows, prompt chunks) against torch's F.linear: every tile shape they
+pick (one row, a few, past a multiple of three, row blocks), inputs whose width is no multiple of the vector width,
+output widths that end mid-tile or mid-panel, a bias; and the layers the engine swaps in."""
 
 from __future__ import annotations
 
@@ -43,11 +43,42 @@ def test_a_rows_output_is_the_same_bits_whatever_else_is_in_the_batch(kernels, i
         assert torch.equal(kernels.dense_linear(x[:rows].contiguous(), weight, torch.empty(0)), together[:rows]), rows
 
 
+# rows: one tile, tiles with a short last one, a block over several panels, more blocks than one (over 512 rows,
+# and 256 or more over few panels); out_features: one panel, several ending mid-panel (48 columns a panel with
+# AVX-512, 16 with AVX2), fewer than a vector; in_features: whole 8 x 8 blocks of the panel copy, and a rest.
+@pytest.mark.parametrize("rows", [1, 7, 65, 300, 1100])
+@pytest.mark.parametrize("out_features, in_features", [(48, 64), (100, 576), (5, 19), (37, 1536)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_the_prompt_gemm_equals_f_linear(kernels, rows, out_features, in_features, with_bias):
+    generator = torch.Generator().manual_seed(rows * 1000 + out_features)
+    x = torch.randn(rows, in_features, generator=generator)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    bias = torch.randn(out_features, generator=generator) if with_bias else torch.empty(0)
+    expected = F.linear(x.double(), weight.double(), bias.double() if with_bias else None).float()
+    torch.testing.assert_close(kernels.panel_linear(x, weight, bias), expected, rtol=1e-5, atol=1e-4)
+
+
+def test_the_prompt_gemm_gives_a_row_the_same_bits_whatever_else_is_in_the_batch(kernels):
+    """Each output summed the same way, whatever the row block, tile or thread: a prompt's hidden states do not
+    depend on the prompts chunked beside it."""
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randn(1100, 576, generator=generator)
+    weight = torch.randn(203, 576, generator=generator)
+    together = kernels.panel_linear(x, weight, torch.empty(0))
+    for first, rows in ((0, 1), (0, 9), (5, 70), (600, 300), (1, 1099)):
+        part = kernels.panel_linear(x[first : first + rows].contiguous(), weight, torch.empty(0))
+        assert torch.equal(part, together[first : first + rows]), (first, rows)
+
+
 def test_bad_shapes_are_refused_by_name(kernels):
     with pytest.raises(RuntimeError, match="differ in K"):
         kernels.dense_linear(torch.randn(2, 8), torch.randn(4, 9), torch.empty(0))
     with pytest.raises(RuntimeError, match="bias"):
         kernels.dense_linear(torch.randn(2, 8), torch.randn(4, 8), torch.randn(3))
+    with pytest.raises(RuntimeError, match="differ in K"):
+        kernels.panel_linear(torch.randn(2, 8), torch.randn(4, 9), torch.empty(0))
+    with pytest.raises(RuntimeError, match="bias"):
+        kernels.panel_linear(torch.randn(2, 8), torch.randn(4, 8), torch.randn(3))
 
 
 def test_installed_layers_keep_their_weights_and_ties(kernels):
@@ -63,5 +94,6 @@ def test_installed_layers_keep_their_weights_and_ties(kernels):
     assert all(type(m) is native_linear.NativeLinear for m in list(model)[1:])
     assert head.weight is tied
     torch.testing.assert_close([model[1](x), head(x)], expected, rtol=1e-5, atol=1e-5)
-    many = torch.randn(native_linear.NATIVE_ROWS + 1, 16)  # past the kernel's rows: the BLAS path
+    many = torch.randn(native_linear.NATIVE_ROWS + 1, 16)  # past the decode kernel's rows: the prompt GEMM
     torch.testing.assert_close(model[1](many), F.linear(many, model[1].weight, model[1].bias))
+    assert torch.equal(model[1](many), kernels.panel_linear(many, model[1].weight, model[1].bias))

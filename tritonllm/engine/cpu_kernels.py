@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 KERNELS = (
     "paged_decode_attention.cpp",
     "dense_linear.cpp",
+    "panel_gemm.cpp",
     "bfloat16_linear.cpp",
     "greedy_screen.cpp",
     "quantized_linear.cpp",

@@ -46,7 +46,7 @@ BLOCK_ROWS = 4
 
 def max_rows() -> int:
     """The most rows a screened step takes. Where the input is rounded to bfloat16 too, up to the rows the native
-    dense kernel takes (the candidates' logits are its bits; past it the BLAS sums otherwise); otherwise 8: the
+    dense kernel takes (the candidates' logits are its bits; past it the prompt GEMM sums otherwise); otherwise 8: the
     8-bit copy's block kernel widens every weight, as much arithmetic as float32, which at more rows sets the
     pace."""
     return NATIVE_ROWS if cpu_kernels.native().bfloat16_dot else 8

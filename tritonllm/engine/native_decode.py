@@ -88,7 +88,7 @@ class NativeDecode:
         stack.kv_heads = getattr(model.config, "num_key_value_heads", None) or stack.heads
         stack.eps = layers[0].input_layernorm.variance_epsilon
         stack.scale = attention.scaling
-        stack.gemm_rows = (NATIVE_ROWS, GEMM_ROWS)  # where each kind of projection turns to the BLAS GEMM
+        stack.gemm_rows = (NATIVE_ROWS, GEMM_ROWS)  # where each kind of projection turns to the prompt GEMM
         self.stack = stack
 
     def logits(

@@ -1,5 +1,5 @@
-"""The model's float32 linear layers on CPU, computed for decode-sized inputs by the project's own kernel
-(kernels/dense_linear.cpp) instead of the BLAS library's.
+"""The model's float32 linear layers on CPU, computed by the project's own kernels instead of the BLAS library's:
+decode-sized inputs by kernels/dense_linear.cpp, prompt chunks by kernels/panel_gemm.cpp.
 
 A decode step multiplies a few dozen rows by every weight matrix, so it streams all the weights from memory
 each step and its speed is the speed at which it reads them. MKL's GEMV and small GEMMs dispatch by CPU
@@ -8,15 +8,16 @@ reads them at 19 GB/s (25 GB/s is that machine's limit), and the whole decode st
 take 28.5 ms against 59.4 (bench/results/native_linear.md). From 3 to 32 rows it is as fast as oneDNN with
 weights prepacked into its blocked layout, without the second copy of the weights that prepacking keeps.
 
-Past NATIVE_ROWS rows (prefill chunks) the work is bound by arithmetic, not memory, and the BLAS GEMM, tuned
-for that, takes over. The layer stays an nn.Linear with its own weight: LoRA, tensor parallel and the GGUF
+Past NATIVE_ROWS rows (prefill chunks) the work is bound by arithmetic, not memory, and a GEMM built for that
+takes over: on SmolLM2's shapes (2-core AMD EPYC Zen 4, the 30 layers' matrices one after another) it reaches
+171-209 GFLOPS from 96 to 2048 rows where MKL's SGEMM reaches 107-188, and a 32-prompt burst's 2048-token step
+took 2.31 s against 2.55. The layer stays an nn.Linear with its own weight: LoRA, tensor parallel and the GGUF
 swap see the same module. Results differ from stock only in summation order.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from . import cpu_kernels
 
@@ -30,12 +31,15 @@ def available(device: torch.device, dtype: torch.dtype) -> bool:
 
 class NativeLinear(torch.nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features)
-        if flat.shape[0] > NATIVE_ROWS:
-            return F.linear(x, self.weight, self.bias)
-        bias = _NO_BIAS if self.bias is None else self.bias
-        out = cpu_kernels.native().dense_linear(flat.contiguous(), self.weight, bias)
+        flat = x.reshape(-1, self.in_features).contiguous()
+        out = linear(flat, self.weight, _NO_BIAS if self.bias is None else self.bias)
         return out.view(*x.shape[:-1], self.out_features)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ weight [N, K]^T + bias (empty for none), all float32 and contiguous, by the kernel for M rows."""
+    kernels = cpu_kernels.native()
+    return (kernels.dense_linear if x.shape[0] <= NATIVE_ROWS else kernels.panel_linear)(x, weight, bias)
 
 
 def install(model: torch.nn.Module) -> int:

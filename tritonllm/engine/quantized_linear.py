@@ -13,8 +13,8 @@ must compute probes as the float32 layer does, else the layer keeps its float32 
 verdict is kept for later starts with the same file, weights, code and kernel build (_verdict_file).
 
 Up to GEMM_ROWS - 1 rows (decode steps, and prompt chunks up to 511 tokens) run the native kernel over the
-blocks; more rows dequantize the weight and use the float32 GEMM, which is faster there even counting the
-dequantization.
+blocks; more rows dequantize the weight and use the float32 GEMM for prompts (kernels/panel_gemm.cpp), which is
+faster there even counting the dequantization.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ BLOCK = 32
 # 128 452 / 221, 256 554 / 413, 512 976 / 850, 1024 2063 / 2035; built for AVX2 only: 64 346 / 116, 256 600 / 446,
 # 512 950 / 939, 1024 2083 / 2310; int8_activations: 64 244 / 137, 256 610 / 496, 512 981 / 1049, 1024 2143 / 2666.
 GEMM_ROWS = 512
+_NO_BIAS = torch.empty(0)
 
 
 @dataclass
@@ -180,7 +181,8 @@ class QuantizedLinear(torch.nn.Module):
         flat = x.reshape(-1, self.in_features)
         if flat.shape[0] >= GEMM_ROWS:
             weight = kernels.dequantize(self.qweight, self.scales, self.mins, self.bits)
-            return F.linear(x, weight, self.bias)
+            bias = _NO_BIAS if self.bias is None else self.bias
+            return kernels.panel_linear(flat.contiguous(), weight, bias).view(*x.shape[:-1], self.out_features)
         multiply = kernels.quantized_linear_int8 if self.int8_activations else kernels.quantized_linear
         out = multiply(flat.contiguous(), self.qweight, self.scales, self.mins, self.bits)
         if self.bias is not None:
@@ -388,7 +390,7 @@ def gguf_to_hf_names(model: torch.nn.Module, processor) -> dict[str, str]:
 # output: float32 sums differ in order only; 8-bit inputs round each value by up to 1/254 of its block's largest.
 KERNEL_TOLERANCE = 1e-4
 INT8_KERNEL_TOLERANCE = 3e-2
-PROBE_ROWS = (1, 3, 8)  # the few-row and the block paths of the kernel (GEMM_ROWS and up is torch's own GEMM)
+PROBE_ROWS = (1, 3, 8)  # the few-row and the block paths of the kernel (GEMM_ROWS and up is the prompt GEMM)
 
 
 @torch.inference_mode()

@@ -34,6 +34,7 @@
 #include "weight_rows.h"
 
 torch::Tensor dense_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor bias);
+torch::Tensor panel_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor bias);
 torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
                                int64_t bits);
 torch::Tensor quantized_linear_int8(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
@@ -108,8 +109,9 @@ void silu_and_mul(const torch::Tensor& gate_up, torch::Tensor& out) {
 
 }  // namespace
 
-// How many rows a projection takes before the BLAS GEMM does better than the project's kernels (native_linear.py's
-// NATIVE_ROWS for float32, quantized_linear.py's GEMM_ROWS for blocks, which are widened to float32 for it).
+// How many rows a projection takes before a GEMM built for many rows (panel_gemm.cpp) does better than the decode
+// kernels (native_linear.py's NATIVE_ROWS for float32, quantized_linear.py's GEMM_ROWS for blocks, which are widened
+// to float32 for it).
 struct GemmRows {
   int64_t dense = 64, quantized = 512;
 };
@@ -123,12 +125,8 @@ struct Projection {
 
   torch::Tensor operator()(const torch::Tensor& x, const GemmRows& gemm) const {
     const int64_t rows = x.size(0);
-    if (bits == 0 && rows > gemm.dense) return bias.numel() ? at::linear(x, weight, bias) : at::linear(x, weight);
-    if (bits == 0) return dense_linear(x, weight, bias);
-    if (rows >= gemm.quantized) {
-      const torch::Tensor widened = dequantize(weight, scales, mins, bits);
-      return bias.numel() ? at::linear(x, widened, bias) : at::linear(x, widened);
-    }
+    if (bits == 0) return rows > gemm.dense ? panel_linear(x, weight, bias) : dense_linear(x, weight, bias);
+    if (rows >= gemm.quantized) return panel_linear(x, dequantize(weight, scales, mins, bits), bias);
     torch::Tensor out = (int8 ? quantized_linear_int8 : quantized_linear)(x, weight, scales, mins, bits);
     if (bias.numel()) out.add_(bias);
     return out;

@@ -10,6 +10,7 @@ torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Te
 torch::Tensor quantized_linear_int8(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
                                     int64_t bits);
 torch::Tensor dense_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor bias);
+torch::Tensor panel_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor bias);
 torch::Tensor bfloat16_linear(torch::Tensor x, torch::Tensor weight);
 bool bfloat16_dot_available();
 torch::Tensor greedy_screen_logits(torch::Tensor x, torch::Tensor low, torch::Tensor weight, torch::Tensor slack,
@@ -27,6 +28,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantized_linear_int8", &quantized_linear_int8,
         "quantized_linear with the input rounded to 8 bits per block, integer dot products (CPU)", no_gil);
   m.def("dense_linear", &dense_linear, "x @ W^T + b for a few rows of x, W float32 (CPU)", no_gil);
+  m.def("panel_linear", &panel_linear, "x @ W^T + b for many rows of x (prompts), W float32 (CPU)", no_gil);
   m.def("bfloat16_linear", &bfloat16_linear, "x @ W^T for rows of x, W bfloat16, summed in float32 (CPU)", no_gil);
   m.attr("bfloat16_dot") = bfloat16_dot_available();  // bfloat16_linear takes x in bfloat16 too
   m.def("greedy_screen_logits", &greedy_screen_logits,
