@@ -99,7 +99,7 @@ def rounded_to_int8_blocks(x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("kind", INT8_FORMATS)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 8, 13, 64, 200])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 8, 13, 40, quantized_linear.GEMM_ROWS - 1])
 def test_int8_activations_multiply_the_input_rounded_to_8_bit_blocks(kind, rows):
     blocks, reference = quantized(kind, in_features=576)
     bias = torch.randn(blocks.shape[0])
@@ -110,6 +110,16 @@ def test_int8_activations_multiply_the_input_rounded_to_8_bit_blocks(kind, rows)
     torch.testing.assert_close(layer(x).double(), expected, rtol=1e-5, atol=1e-4)
     exact = F.linear(x, torch.from_numpy(reference), bias)
     assert not torch.allclose(layer(x), exact, rtol=1e-5, atol=1e-4)  # it is the rounded input that counts
+
+
+@pytest.mark.parametrize("kind", INT8_FORMATS)
+def test_int8_activations_leave_prompt_chunks_in_float32(kind):
+    """Past a decode step's rows the prompt GEMM takes the float32 input (faster there than the 8-bit kernel)."""
+    blocks, reference = quantized(kind, in_features=576)
+    layer = QuantizedLinear(blocks, None, int8_activations=True)
+    x = torch.randn(quantized_linear.GEMM_ROWS, blocks.shape[1], generator=torch.Generator().manual_seed(1))
+    expected = F.linear(x.double(), torch.from_numpy(reference).double()).float()
+    torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-4)
 
 
 def test_weights_with_a_scale_per_16_values_keep_float32_inputs():

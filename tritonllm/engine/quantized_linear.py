@@ -12,9 +12,9 @@ stores Q and K rows permuted), must dequantize to exactly the float32 weight the
 must compute probes as the float32 layer does, else the layer keeps its float32 weight and the log says why. The
 verdict is kept for later starts with the same file, weights, code and kernel build (_verdict_file).
 
-Up to GEMM_ROWS - 1 rows (decode steps, and prompt chunks up to 511 tokens) run the native kernel over the
-blocks; more rows dequantize the weight and use the float32 GEMM for prompts (kernels/panel_gemm.cpp), which is
-faster there even counting the dequantization.
+Up to GEMM_ROWS - 1 rows (decode steps, and prompt chunks up to 64 tokens) run the native kernel over the
+blocks; more rows go to the float32 GEMM for prompts (kernels/panel_gemm.cpp), which widens each panel of weight
+rows as it takes it.
 """
 
 from __future__ import annotations
@@ -41,12 +41,13 @@ from . import cpu_kernels
 log = logging.getLogger(__name__)
 
 BLOCK = 32
-# From this many rows up, dequantize-then-GEMM beats the block kernel (which widens a chunk of weight rows at a time
-# into the float32 tiles): dequantizing writes the whole weight in float32 every step. SmolLM2 Q4_1, a prompt of n
-# tokens through the decoder stack, AMD EPYC Zen 4, ms for dequantize-then-GEMM / the block kernel: n = 64 355 / 110,
-# 128 452 / 221, 256 554 / 413, 512 976 / 850, 1024 2063 / 2035; built for AVX2 only: 64 346 / 116, 256 600 / 446,
-# 512 950 / 939, 1024 2083 / 2310; int8_activations: 64 244 / 137, 256 610 / 496, 512 981 / 1049, 1024 2143 / 2666.
-GEMM_ROWS = 512
+# From this many rows up (past the rows of a decode step, as for float32) the prompt GEMM beats the block kernel
+# (which widens a chunk of weight rows at a time into the decode tiles). SmolLM2's 120 Q4_1 matrices, AMD EPYC Zen
+# 4, ms for the block kernel / the prompt GEMM: 65 rows 76.6 / 77.3, 128 144.3 / 137.8, 256 288.8 / 265.9, 512
+# 589.6 / 537.5, 2048 2837.6 / 2102.4; built for AVX2 only: 64 76.6 / 73.3, 128 144.8 / 136.3, 256 303.4 / 260.6,
+# 512 666.8 / 527.2; int8_activations' kernel at 128 rows 187.0. Before the prompt GEMM widened a panel at a time,
+# the weight was dequantized whole for MKL, and the block kernel stayed faster up to 511 rows.
+GEMM_ROWS = 65
 _NO_BIAS = torch.empty(0)
 
 
@@ -178,13 +179,13 @@ class QuantizedLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kernels = cpu_kernels.native()
-        flat = x.reshape(-1, self.in_features)
+        flat = x.reshape(-1, self.in_features).contiguous()
         if flat.shape[0] >= GEMM_ROWS:
-            weight = kernels.dequantize(self.qweight, self.scales, self.mins, self.bits)
             bias = _NO_BIAS if self.bias is None else self.bias
-            return kernels.panel_linear(flat.contiguous(), weight, bias).view(*x.shape[:-1], self.out_features)
+            out = kernels.quantized_panel_linear(flat, self.qweight, self.scales, self.mins, self.bits, bias)
+            return out.view(*x.shape[:-1], self.out_features)
         multiply = kernels.quantized_linear_int8 if self.int8_activations else kernels.quantized_linear
-        out = multiply(flat.contiguous(), self.qweight, self.scales, self.mins, self.bits)
+        out = multiply(flat, self.qweight, self.scales, self.mins, self.bits)
         if self.bias is not None:
             out += self.bias
         return out.view(*x.shape[:-1], self.out_features)

@@ -39,7 +39,8 @@ torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Te
                                int64_t bits);
 torch::Tensor quantized_linear_int8(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
                                     int64_t bits);
-torch::Tensor dequantize(torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins, int64_t bits);
+torch::Tensor quantized_panel_linear(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
+                                     int64_t bits, torch::Tensor bias);
 void dense_unit(const float* x, int64_t rows, const float* w, int64_t n, int64_t k, float* out, int64_t out_stride);
 void quantized_unit(const float* x, int64_t rows, const weight_rows::BlockWeight& weight, int64_t first, int64_t last,
                     float* out, int64_t out_stride);
@@ -126,7 +127,7 @@ struct Projection {
   torch::Tensor operator()(const torch::Tensor& x, const GemmRows& gemm) const {
     const int64_t rows = x.size(0);
     if (bits == 0) return rows > gemm.dense ? panel_linear(x, weight, bias) : dense_linear(x, weight, bias);
-    if (rows >= gemm.quantized) return panel_linear(x, dequantize(weight, scales, mins, bits), bias);
+    if (rows >= gemm.quantized) return quantized_panel_linear(x, weight, scales, mins, bits, bias);
     torch::Tensor out = (int8 ? quantized_linear_int8 : quantized_linear)(x, weight, scales, mins, bits);
     if (bias.numel()) out.add_(bias);
     return out;

@@ -17,6 +17,8 @@ torch::Tensor greedy_screen_logits(torch::Tensor x, torch::Tensor low, torch::Te
                                    torch::Tensor low_norms, bool round_input, double safety, double flush);
 torch::Tensor greedy_screen_logits_q8(torch::Tensor x, torch::Tensor q, torch::Tensor scales, torch::Tensor weight,
                                       torch::Tensor slack, double safety);
+torch::Tensor quantized_panel_linear(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
+                                     int64_t bits, torch::Tensor bias);
 torch::Tensor dequantize(torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins, int64_t bits);
 
 void bind_decoder_layers(pybind11::module& m);
@@ -36,5 +38,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("greedy_screen_logits_q8", &greedy_screen_logits_q8,
         "greedy_screen_logits from the output layer's copy in 8-bit blocks (CPU)", no_gil);
   bind_decoder_layers(m);
+  m.def("quantized_panel_linear", &quantized_panel_linear,
+        "quantized_linear for many rows of x (prompts): the blocks widened a panel at a time for the GEMM (CPU)", no_gil);
   m.def("dequantize", &dequantize, "A block-quantized weight as float32 (CPU)", no_gil);
 }

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "panel_gemm.h"
 #include "weight_rows.h"
 
 #pragma GCC push_options
@@ -107,20 +108,8 @@ void copy_panel(const float* w, int64_t cols, int64_t k, const float* bias, floa
 }  // namespace
 #pragma GCC pop_options
 
-// x: [M, K] float32, contiguous; weight: [N, K] float32, contiguous; bias: [N] or empty. Returns [M, N].
-torch::Tensor panel_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kFloat32 && weight.is_contiguous(),
-              "weight: contiguous [N, K] float32");
-  TORCH_CHECK(weight.size(1) == x.size(1), "x and weight differ in K");
-  const int64_t rows = x.size(0), k = x.size(1), n = weight.size(0);
-  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == n && bias.scalar_type() == torch::kFloat32 && bias.is_contiguous()),
-              "bias: [N] float32");
-  auto out = torch::empty({rows, n}, x.options());
-  const float* xp = x.data_ptr<float>();
-  const float* wp = weight.data_ptr<float>();
-  const float* bp = bias.numel() ? bias.data_ptr<float>() : nullptr;
-  float* op = out.data_ptr<float>();
+void panel_gemm(const float* x, int64_t rows, int64_t k, int64_t n, const float* bias, float* out,
+                const WeightRows& weight_rows) {
   // Work items: a block of rows by a panel, the panels of a block in turn, so that the block's rows (a few MB at
   // most) stay in the cache while the threads go over the panels; each item copies its panel. Row blocks of
   // kMostRowsPerItem at most (2048 rows in one block: 170 GFLOPS, the same as 4 blocks of 512: 208, Zen 4), and more
@@ -130,25 +119,46 @@ torch::Tensor panel_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor 
                                    std::min((4 * threads + panels - 1) / panels, rows / kLeastRowsPerItem)});
   const int64_t block_rows = (rows + blocks - 1) / blocks;
   weight_rows::guided_chunks(panels * blocks, 1, INT64_MAX, [&](int64_t first, int64_t last) {
-    // The panel on a cache line's start (a vector load across two lines costs two), then its bias.
+    // The panel on a cache line's start (a vector load across two lines costs two), then its bias; then room for
+    // weight_rows to widen a panel's rows into.
     constexpr int64_t kLine = 64 / sizeof(float);
     thread_local std::vector<float> copy;
-    copy.resize(k * kPanel + kPanel + kLine);
+    copy.resize(2 * k * kPanel + kPanel + kLine);
     float* panel = copy.data() + (-reinterpret_cast<uintptr_t>(copy.data()) / sizeof(float) & (kLine - 1));
     float* panel_bias = panel + k * kPanel;
+    float* scratch = panel_bias + kPanel;
     alignas(64) float partial[kTileRows * kPanel];  // the last panel's tiles, where fewer than kPanel columns are left
     for (int64_t item = first; item < last; ++item) {
       const int64_t n0 = item % panels * kPanel, cols = std::min(kPanel, n - n0);
-      copy_panel(wp + n0 * k, cols, k, bp ? bp + n0 : nullptr, panel, panel_bias);
+      copy_panel(weight_rows(n0, cols, scratch), cols, k, bias ? bias + n0 : nullptr, panel, panel_bias);
       const int64_t r0 = item / panels * block_rows, r1 = std::min(rows, r0 + block_rows);
       for (int64_t m = r0; m < r1; m += kTileRows) {
         float_vec::with_rows<kTileRows>(std::min<int64_t>(kTileRows, r1 - m), [&](auto tile_rows) {
-          if (cols == kPanel) return tile<tile_rows()>(xp + m * k, k, panel, panel_bias, op + m * n + n0, n);
-          tile<tile_rows()>(xp + m * k, k, panel, panel_bias, partial, kPanel);
-          for (int r = 0; r < tile_rows(); ++r) std::copy_n(partial + r * kPanel, cols, op + (m + r) * n + n0);
+          if (cols == kPanel) return tile<tile_rows()>(x + m * k, k, panel, panel_bias, out + m * n + n0, n);
+          tile<tile_rows()>(x + m * k, k, panel, panel_bias, partial, kPanel);
+          for (int r = 0; r < tile_rows(); ++r) std::copy_n(partial + r * kPanel, cols, out + (m + r) * n + n0);
         });
       }
     }
   });
+}
+
+// x: [M, K] float32, contiguous; weight: [N, K] float32, contiguous; bias: [N] or empty. Returns [M, N].
+torch::Tensor panel_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kFloat32 && weight.is_contiguous(),
+              "weight: contiguous [N, K] float32");
+  TORCH_CHECK(weight.size(1) == x.size(1), "x and weight differ in K");
+  const int64_t rows = x.size(0), k = x.size(1), n = weight.size(0);
+  check_bias(bias, n);
+  auto out = torch::empty({rows, n}, x.options());
+  const float* wp = weight.data_ptr<float>();
+  panel_gemm(x.data_ptr<float>(), rows, k, n, bias.numel() ? bias.data_ptr<float>() : nullptr, out.data_ptr<float>(),
+             [&](int64_t first, int64_t, float*) { return wp + first * k; });
   return out;
+}
+
+void check_bias(const torch::Tensor& bias, int64_t n) {
+  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == n && bias.scalar_type() == torch::kFloat32 && bias.is_contiguous()),
+              "bias: [N] float32");
 }

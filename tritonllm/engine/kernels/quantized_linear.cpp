@@ -24,6 +24,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "panel_gemm.h"
 #include "weight_rows.h"
 
 namespace {
@@ -408,6 +409,32 @@ torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Te
   weight_rows::for_each_chunk(weight, [&](int64_t first, int64_t last) {
     quantized_unit(xp, rows, weight, first, last, op + first, out_features);
   });
+  return out;
+}
+
+// x @ W^T + bias for prompt-sized inputs: panel_gemm.cpp's GEMM, each panel's weight rows widened as it takes
+// them, so no float32 copy of the whole weight is written (it was, every prompt step, before this).
+torch::Tensor quantized_panel_linear(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
+                                     int64_t bits, torch::Tensor bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
+  const int64_t rows = x.size(0), k = x.size(1), n = qweight.size(0);
+  const weight_rows::BlockWeight weight(qweight, scales, mins, bits, k);
+  check_bias(bias, n);
+  auto out = torch::empty({rows, n}, x.options());
+  panel_gemm(x.data_ptr<float>(), rows, k, n, bias.numel() ? bias.data_ptr<float>() : nullptr, out.data_ptr<float>(),
+             [&](int64_t first, int64_t count, float* scratch) {
+               for (int64_t j = 0; j < count; ++j) {
+                 const weight_rows::BlockWeight::Row w = weight.row(first + j);
+#ifdef WIDEN_CHUNKS
+                 widen_row(w.bytes, bits, weight.blocks, w.scales, weight.scales_per_block, w.mins, scratch + j * k);
+#else
+                 for (int64_t b = 0; b < weight.blocks; ++b)
+                   dequantize_block(w.bytes, bits, b, block_scale(w.scales, weight.scales_per_block, b),
+                                    w.mins ? w.mins[b] : 0.f, scratch + j * k + b * kBlock);
+#endif
+               }
+               return scratch;
+             });
   return out;
 }
 
