@@ -23,12 +23,18 @@ def kernels():
 @pytest.mark.parametrize("out_features, in_features", [(96, 64), (37, 576), (200, 19), (5, 1536), (2003, 64)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_the_kernel_equals_f_linear(kernels, rows, out_features, in_features, with_bias):
+    x, weight, bias, expected = random_layer(rows, out_features, in_features, with_bias)
+    torch.testing.assert_close(kernels.dense_linear(x, weight, bias), expected, rtol=1e-5, atol=1e-4)
+
+
+def random_layer(rows: int, out_features: int, in_features: int, with_bias: bool):
+    """An input, a weight and a bias (empty for none), and what F.linear makes of them in float64."""
     generator = torch.Generator().manual_seed(rows * 1000 + out_features)
     x = torch.randn(rows, in_features, generator=generator)
     weight = torch.randn(out_features, in_features, generator=generator)
     bias = torch.randn(out_features, generator=generator) if with_bias else torch.empty(0)
-    expected = F.linear(x, weight, bias if with_bias else None)
-    torch.testing.assert_close(kernels.dense_linear(x, weight, bias), expected, rtol=1e-5, atol=1e-4)
+    expected = F.linear(x.double(), weight.double(), bias.double() if with_bias else None).float()
+    return x, weight, bias, expected
 
 
 @pytest.mark.parametrize("in_features", [576, 1536, 19])
@@ -50,11 +56,7 @@ def test_a_rows_output_is_the_same_bits_whatever_else_is_in_the_batch(kernels, i
 @pytest.mark.parametrize("out_features, in_features", [(48, 64), (100, 576), (5, 19), (37, 1536)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_the_prompt_gemm_equals_f_linear(kernels, rows, out_features, in_features, with_bias):
-    generator = torch.Generator().manual_seed(rows * 1000 + out_features)
-    x = torch.randn(rows, in_features, generator=generator)
-    weight = torch.randn(out_features, in_features, generator=generator)
-    bias = torch.randn(out_features, generator=generator) if with_bias else torch.empty(0)
-    expected = F.linear(x.double(), weight.double(), bias.double() if with_bias else None).float()
+    x, weight, bias, expected = random_layer(rows, out_features, in_features, with_bias)
     torch.testing.assert_close(kernels.panel_linear(x, weight, bias), expected, rtol=1e-5, atol=1e-4)
 
 
