@@ -53,7 +53,7 @@ def test_a_rows_output_is_the_same_bits_whatever_else_is_in_the_batch(kernels, i
 # and 256 or more over few panels); out_features: one panel, several ending mid-panel (48 columns a panel with
 # AVX-512, 16 with AVX2), fewer than a vector; in_features: whole 8 x 8 blocks of the panel copy, and a rest.
 @pytest.mark.parametrize("rows", [1, 7, 65, 300, 1100])
-@pytest.mark.parametrize("out_features, in_features", [(48, 64), (100, 576), (5, 19), (37, 1536)])
+@pytest.mark.parametrize("out_features, in_features", [(48, 64), (100, 576), (5, 19), (37, 1536), (50, 0)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_the_prompt_gemm_equals_f_linear(kernels, rows, out_features, in_features, with_bias):
     x, weight, bias, expected = random_layer(rows, out_features, in_features, with_bias)
