@@ -1,6 +1,6 @@
 """The engine's native CPU kernels (see kernels/): decode attention read in place from the paged cache, linear
-layers over float32 weights for decode-sized inputs and over GGUF's block-quantized weights, and a Llama-family
-decoder stack for decode steps.
+layers over float32 weights and over GGUF's block-quantized weights (decode-sized inputs, and a GEMM for prompt
+chunks), and a Llama-family decoder stack for decode steps.
 
 Built with the machine's C++ compiler by `make install` (`tritonllm build-kernels`) and cached under
 `.cache/torch_extensions` (or $TORCH_EXTENSIONS_DIR); a model's load then only loads them (or builds them, when
@@ -40,8 +40,8 @@ NAME = "tritonllm_cpu_kernels"
 
 @functools.cache
 def native():
-    """The built module (`paged_decode_attention`, `dense_linear`, `quantized_linear`, `dequantize`,
-    `DecoderLayers`), or None."""
+    """The built module (`paged_decode_attention`, `dense_linear`, `panel_linear`, `quantized_linear`,
+    `quantized_panel_linear`, `dequantize`, `DecoderLayers`), or None."""
     if os.environ.get(DISABLE_ENV):
         return None
     try:

@@ -32,14 +32,10 @@ def available(device: torch.device, dtype: torch.dtype) -> bool:
 class NativeLinear(torch.nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).contiguous()
-        out = linear(flat, self.weight, _NO_BIAS if self.bias is None else self.bias)
+        kernels = cpu_kernels.native()
+        multiply = kernels.dense_linear if flat.shape[0] <= NATIVE_ROWS else kernels.panel_linear
+        out = multiply(flat, self.weight, _NO_BIAS if self.bias is None else self.bias)
         return out.view(*x.shape[:-1], self.out_features)
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ weight [N, K]^T + bias (empty for none), all float32 and contiguous, by the kernel for M rows."""
-    kernels = cpu_kernels.native()
-    return (kernels.dense_linear if x.shape[0] <= NATIVE_ROWS else kernels.panel_linear)(x, weight, bias)
 
 
 def install(model: torch.nn.Module) -> int:

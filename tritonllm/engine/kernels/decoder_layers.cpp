@@ -114,7 +114,7 @@ void silu_and_mul(const torch::Tensor& gate_up, torch::Tensor& out) {
 // kernels (native_linear.py's NATIVE_ROWS for float32, quantized_linear.py's GEMM_ROWS for blocks, which are widened
 // to float32 for it).
 struct GemmRows {
-  int64_t dense = 64, quantized = 512;
+  int64_t dense = 64, quantized = 65;
 };
 
 // One linear layer: float32 weights [N, K] (bits 0), or GGUF blocks of 8 or 4 bits as quantized_linear.cpp
