@@ -4,9 +4,10 @@
 // Built as BLIS builds its GEMM: a thread copies a panel of P = kPanelVecs * kLanes weight rows transposed into a
 // buffer of its own ([K][P], which stays in its L2), then runs an outer-product tile over each group of kTileRows
 // input rows: per input value one broadcast and kPanelVecs FMAs into kTileRows x kPanelVecs accumulators, no
-// horizontal sums. The copy is made inside the call, so there is no second copy of the weights; at 2048 rows it is
-// about 1% of a panel's arithmetic. MKL's SGEMM reached 192 GFLOPS on SmolLM2's shapes at 2048 rows on a 2-core AMD
-// EPYC Zen 4 (its AVX2 code path, whatever the CPU offers); this kernel 215 of the 234 that the cores' FMAs allow.
+// horizontal sums. The copy is made inside the call, so there is no second copy of the weights; in a 2048-token
+// prefill it took 3% of the kernel's time (perf). On SmolLM2's matrices one after another (2-core AMD EPYC Zen 4)
+// MKL's SGEMM, which takes its AVX2 code path there whatever the CPU offers, reached 107-115 GFLOPS at 96-128 rows
+// and 167-188 at 512-2048; this kernel 171-180 and 208-209, of the 234 that the cores' FMAs allow.
 //
 // Each output is summed the same way wherever it falls (runs of kSumRun products in one FMA chain each, the runs
 // added in order, then the bias): its bits do not depend on the number of rows, the tile, the thread or what else
@@ -114,8 +115,8 @@ void panel_gemm(const float* x, int64_t rows, int64_t k, int64_t n, const float*
                 const WeightRows& weight_rows) {
   // Work items: a block of rows by a panel, the panels of a block in turn, so that the block's rows (a few MB at
   // most) stay in the cache while the threads go over the panels; each item copies its panel. Row blocks of
-  // kMostRowsPerItem at most (2048 rows in one block: 170 GFLOPS, the same as 4 blocks of 512: 208, Zen 4), and more
-  // blocks, down to kLeastRowsPerItem rows, where there are too few panels to keep the threads busy.
+  // kMostRowsPerItem at most (2048 rows in one block: 170 GFLOPS, in blocks of 512: 177, in the same bench on Zen 4),
+  // and more blocks, down to kLeastRowsPerItem rows, where there are too few panels to keep the threads busy.
   const int64_t panels = (n + kPanel - 1) / kPanel, threads = at::get_num_threads();
   const int64_t blocks = std::max({int64_t{1}, (rows + kMostRowsPerItem - 1) / kMostRowsPerItem,
                                    std::min((4 * threads + panels - 1) / panels, rows / kLeastRowsPerItem)});
