@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "linear_checks.h"
 #include "weight_rows.h"
 
 // These tiles are tuned for GCC's generic x86-64 target, whatever -march=native picks: with GCC 12's znver3
@@ -137,14 +138,8 @@ void dense_unit(const float* x, int64_t rows, const float* w, int64_t n, int64_t
 
 // x: [M, K] float32, contiguous; weight: [N, K] float32, contiguous; bias: [N] or empty. Returns [M, N].
 torch::Tensor dense_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kFloat32 && weight.is_contiguous(),
-              "weight: contiguous [N, K] float32");
-  TORCH_CHECK(weight.size(1) == x.size(1), "x and weight differ in K");
+  check_float_linear(x, weight, bias);
   const int64_t rows = x.size(0), k = x.size(1), n_total = weight.size(0);
-  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == n_total && bias.scalar_type() == torch::kFloat32 &&
-                                    bias.is_contiguous()),
-              "bias: [N] float32");
   auto out = torch::empty({rows, n_total}, x.options());
   const float* xp = x.data_ptr<float>();
   const float* wp = weight.data_ptr<float>();

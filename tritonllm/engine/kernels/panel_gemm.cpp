@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "linear_checks.h"
 #include "panel_gemm.h"
 #include "weight_rows.h"
 
@@ -148,20 +149,11 @@ void panel_gemm(const float* x, int64_t rows, int64_t k, int64_t n, const float*
 
 // x: [M, K] float32, contiguous; weight: [N, K] float32, contiguous; bias: [N] or empty. Returns [M, N].
 torch::Tensor panel_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kFloat32 && weight.is_contiguous(),
-              "weight: contiguous [N, K] float32");
-  TORCH_CHECK(weight.size(1) == x.size(1), "x and weight differ in K");
+  check_float_linear(x, weight, bias);
   const int64_t rows = x.size(0), k = x.size(1), n = weight.size(0);
-  check_bias(bias, n);
   auto out = torch::empty({rows, n}, x.options());
   const float* wp = weight.data_ptr<float>();
   panel_gemm(x.data_ptr<float>(), rows, k, n, bias.numel() ? bias.data_ptr<float>() : nullptr, out.data_ptr<float>(),
              [&](int64_t first, int64_t, float*) { return wp + first * k; });
   return out;
-}
-
-void check_bias(const torch::Tensor& bias, int64_t n) {
-  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == n && bias.scalar_type() == torch::kFloat32 && bias.is_contiguous()),
-              "bias: [N] float32");
 }

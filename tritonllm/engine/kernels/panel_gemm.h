@@ -1,8 +1,6 @@
 // The GEMM for prompt-sized inputs (panel_gemm.cpp), for kernels that keep their weights in other forms.
 #pragma once
 
-#include <torch/extension.h>
-
 #include <cstdint>
 #include <functional>
 
@@ -13,6 +11,3 @@ using WeightRows = std::function<const float*(int64_t first, int64_t count, floa
 // out [rows, n] = x [rows, k] @ W^T + bias (null for none), W [n, k] read through weight_rows a panel at a time.
 void panel_gemm(const float* x, int64_t rows, int64_t k, int64_t n, const float* bias, float* out,
                 const WeightRows& weight_rows);
-
-// Refuses a bias that is neither empty nor [n] float32, by name.
-void check_bias(const torch::Tensor& bias, int64_t n);

@@ -24,6 +24,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "linear_checks.h"
 #include "panel_gemm.h"
 #include "weight_rows.h"
 
