@@ -28,8 +28,15 @@ def input_dtypes(kernels) -> list[torch.dtype]:
     return [torch.float32] + ([torch.bfloat16] if kernels.bfloat16_dot else [])
 
 
-@pytest.mark.parametrize("rows", [1, 3, 8, 32])
-@pytest.mark.parametrize("out_features, in_features", [(2003, 576), (37, 100), (5, 7)])
+def products(kernels, x: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """x @ low^T by the screen's kernel for x's type: low as it lies for float32, packed in pairs for bfloat16."""
+    if x.dtype == torch.bfloat16:
+        return kernels.bfloat16_pair_linear(x, kernels.pack_bfloat16_pairs(low), len(low))
+    return kernels.bfloat16_linear(x, low)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 13, 32])
+@pytest.mark.parametrize("out_features, in_features", [(2003, 576), (96, 64), (37, 100), (5, 7)])
 def test_the_bfloat16_kernel_sums_the_widened_values_in_float32(kernels, rows, out_features, in_features):
     generator = torch.Generator().manual_seed(rows + out_features)
     x = torch.randn(rows, in_features, generator=generator)
@@ -37,22 +44,22 @@ def test_the_bfloat16_kernel_sums_the_widened_values_in_float32(kernels, rows, o
     for dtype in input_dtypes(kernels):
         given = x.to(dtype)
         expected = F.linear(given.float(), low.float())
-        torch.testing.assert_close(kernels.bfloat16_linear(given, low), expected, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(products(kernels, given, low), expected, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("in_features", [576, 100])
+@pytest.mark.parametrize("in_features", [576, 100, 7])
 def test_a_rows_result_is_the_same_bits_whatever_else_is_in_the_step(kernels, in_features):
-    """One row alone takes the many-stream path, several rows the tiles and the rows left over: each output is
-    summed the same way in all of them, so a sequence's candidates do not depend on its step."""
+    """One row alone takes the many-stream path, several rows the tiles of every size: each output is summed the
+    same way in all of them, so a sequence's candidates do not depend on its step."""
     generator = torch.Generator().manual_seed(in_features)
     x = torch.randn(13, in_features, generator=generator)
     low = torch.randn(203, in_features, generator=generator).bfloat16()
     for dtype in input_dtypes(kernels):
         given = x.to(dtype)
-        together = kernels.bfloat16_linear(given, low)
+        together = products(kernels, given, low)
         for rows in range(1, len(x) + 1):
-            assert torch.equal(kernels.bfloat16_linear(given[:rows].contiguous(), low), together[:rows])
-        alone = torch.cat([kernels.bfloat16_linear(given[r : r + 1].contiguous(), low) for r in range(len(x))])
+            assert torch.equal(products(kernels, given[:rows].contiguous(), low), together[:rows])
+        alone = torch.cat([products(kernels, given[r : r + 1].contiguous(), low) for r in range(len(x))])
         assert torch.equal(alone, together)
 
 
@@ -128,8 +135,8 @@ def test_the_input_rounding_is_bounded_too(kernels):
         change = (along / along.norm() * (1 if i % 2 else -1)).bfloat16().float()
         weight[2 * i + 1] = (weight[2 * i] + change).bfloat16().float()
     full = kernels.dense_linear(hidden, weight, torch.empty(0))
-    products = kernels.bfloat16_linear(hidden.bfloat16(), weight.bfloat16())
-    assert (products.argmax(1) != full.argmax(1)).any(), "the rounded input must pick the wrong token somewhere"
+    rounded = products(kernels, hidden.bfloat16(), weight.bfloat16())
+    assert (rounded.argmax(1) != full.argmax(1)).any(), "the rounded input must pick the wrong token somewhere"
     assert torch.equal(GreedyScreen(weight).logits(hidden).argmax(1), full.argmax(1))
 
 
@@ -213,3 +220,18 @@ def test_the_engine_screens_greedy_steps_and_answers_as_without_the_screen(tiny_
     got, plain = (generate(engines[on], prompts[:1], with_log_probs)[0] for on in (True, False))
     assert not screened
     assert got.token_ids == plain.token_ids and got.logprobs == plain.logprobs
+
+
+def test_a_packed_copy_of_another_shape_is_refused_by_name(kernels):
+    if not kernels.bfloat16_dot:
+        pytest.skip("this CPU has no bfloat16 pair products")
+    low = torch.randn(100, 64).bfloat16()
+    packed = kernels.pack_bfloat16_pairs(low)
+    x = torch.randn(3, 64).bfloat16()
+    for n, width in [(200, 64), (100, 66), (100, 60)]:
+        with pytest.raises(RuntimeError, match="packed"):
+            kernels.bfloat16_pair_linear(x[:, :width] if width <= 64 else torch.randn(3, width).bfloat16(), packed, n)
+    with pytest.raises(RuntimeError, match="packed"):
+        weight = low.float()
+        norms = weight.norm(dim=1)
+        kernels.greedy_screen_logits(x.float(), low, weight, norms, norms, True, 1.01, 0.0)

@@ -73,13 +73,14 @@ class GreedyScreen:
             q, scales = _eight_bit_blocks(self.weight)
             self.blocks = q, scales, slack(kernels.dequantize(q, scales, torch.empty(0), 8))
         self.block_rows = 0 if self.blocks is None else BLOCK_ROWS if kernels.bfloat16_dot else max_rows()
-        self.low = None
+        self.low = None  # the bfloat16 copy: [V, K], or packed for vdpbf16ps where the input is rounded too
         if self.block_rows < max_rows():
             low = self.weight.bfloat16()
-            self.low = torch.where(low.abs() < _SMALLEST_NORMAL, 0, low)  # as vdpbf16ps reads it
+            low = torch.where(low.abs() < _SMALLEST_NORMAL, 0, low)  # as vdpbf16ps reads it
             self.rounds_input = bool(kernels.bfloat16_dot)
-            self.low_norms = _SAFETY * self.low.float().norm(dim=1)
-            self.slack = slack(self.low.float())
+            self.low_norms = _SAFETY * low.float().norm(dim=1)
+            self.slack = slack(low.float())
+            self.low = kernels.pack_bfloat16_pairs(low) if self.rounds_input else low
             self.flush = 2 * (k + 64) * _SMALLEST_NORMAL  # each flushed sum is off by less than the smallest normal
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -16,8 +16,10 @@
 #include "float_vec.h"
 
 bool bfloat16_dot_available();
-void bfloat16_products(const float* x, const uint16_t* x_rounded, int64_t rows, const uint16_t* w, int64_t n,
-                       int64_t k, float* out);
+void bfloat16_products(const float* x, int64_t rows, const uint16_t* w, int64_t n, int64_t k, float* out);
+void bfloat16_pair_products(const uint16_t* x, int64_t rows, const uint16_t* packed, int64_t n, int64_t pairs,
+                            float* out);
+void check_bfloat16_pairs(const torch::Tensor& packed, int64_t n, int64_t k);
 torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
                                int64_t bits);
 
@@ -97,19 +99,23 @@ void check_screen(const torch::Tensor& x, const torch::Tensor& weight, std::init
 
 }  // namespace
 
-// x: [R, K] float32; low: [V, K] bfloat16, weight's copy with what vdpbf16ps reads as zero made zero; weight:
-// [V, K] float32; slack, low_norms: [V] float32 (greedy_screen.py). With round_input (where
-// bfloat16_dot_available()) x is rounded to bfloat16 for the products and its rounding bounded. Returns [R, V]:
-// each row's candidates with their float32 logits, every other token -inf.
+// x: [R, K] float32; weight: [V, K] float32; slack, low_norms: [V] float32 (greedy_screen.py); low: weight's
+// bfloat16 copy with what vdpbf16ps reads as zero made zero, either [V, K] (x multiplies it in float32) or, with
+// round_input (where bfloat16_dot_available()), packed by pack_bfloat16_pairs, when x is rounded to bfloat16 for
+// the products and its rounding bounded. Returns [R, V]: each row's candidates with their float32 logits, every
+// other token -inf.
 torch::Tensor greedy_screen_logits(torch::Tensor x, torch::Tensor low, torch::Tensor weight, torch::Tensor slack,
                                    torch::Tensor low_norms, bool round_input, double safety, double flush) {
   check_screen(x, weight, {slack, low_norms});
-  TORCH_CHECK(low.scalar_type() == torch::kBFloat16 && low.is_contiguous() && low.sizes() == weight.sizes(),
-              "low: contiguous [V, K] bfloat16");
+  const int64_t rows = x.size(0), k = x.size(1), vocab = weight.size(0), pairs = (k + 1) / 2;
   TORCH_CHECK(!round_input || bfloat16_dot_available(), "this CPU does not multiply bfloat16 pairs");
-  const int64_t rows = x.size(0), k = x.size(1), vocab = low.size(0);
+  if (round_input)
+    check_bfloat16_pairs(low, vocab, k);
+  else
+    TORCH_CHECK(low.scalar_type() == torch::kBFloat16 && low.is_contiguous() && low.sizes() == weight.sizes(),
+                "low: contiguous [V, K] bfloat16");
   const float* xp = x.data_ptr<float>();
-  std::vector<uint16_t> rounded(round_input ? rows * k : 0);
+  std::vector<uint16_t> rounded(round_input ? rows * 2 * pairs : 0);  // an odd K's last pair padded with a zero
   std::vector<double> rounding(rows);
   if (round_input)
     for (int64_t r = 0; r < rows; ++r) {
@@ -117,7 +123,7 @@ torch::Tensor greedy_screen_logits(torch::Tensor x, torch::Tensor low, torch::Te
       for (int64_t i = 0; i < k; ++i) {
         const float v = xp[r * k + i];
         const at::BFloat16 half = round_to_bfloat16(v);
-        rounded[r * k + i] = half.x;
+        rounded[r * 2 * pairs + i] = half.x;
         const double d = static_cast<double>(v) - static_cast<float>(half);
         off += d * d;
       }
@@ -125,7 +131,10 @@ torch::Tensor greedy_screen_logits(torch::Tensor x, torch::Tensor low, torch::Te
     }
   auto out = torch::empty({rows, vocab}, x.options());
   const uint16_t* lp = reinterpret_cast<const uint16_t*>(low.data_ptr<at::BFloat16>());
-  bfloat16_products(xp, round_input ? rounded.data() : nullptr, rows, lp, vocab, k, out.data_ptr<float>());
+  if (round_input)
+    bfloat16_pair_products(rounded.data(), rows, lp, vocab, pairs, out.data_ptr<float>());
+  else
+    bfloat16_products(xp, rows, lp, vocab, k, out.data_ptr<float>());
   select_rows(x, weight, slack, low_norms.data_ptr<float>(), rounding, safety, flush, out);
   return out;
 }

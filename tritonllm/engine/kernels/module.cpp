@@ -12,6 +12,8 @@ torch::Tensor quantized_linear_int8(torch::Tensor x, torch::Tensor qweight, torc
 torch::Tensor dense_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor bias);
 torch::Tensor panel_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor bias);
 torch::Tensor bfloat16_linear(torch::Tensor x, torch::Tensor weight);
+torch::Tensor pack_bfloat16_pairs(torch::Tensor weight);
+torch::Tensor bfloat16_pair_linear(torch::Tensor x, torch::Tensor packed, int64_t n);
 bool bfloat16_dot_available();
 torch::Tensor greedy_screen_logits(torch::Tensor x, torch::Tensor low, torch::Tensor weight, torch::Tensor slack,
                                    torch::Tensor low_norms, bool round_input, double safety, double flush);
@@ -31,8 +33,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "quantized_linear with the input rounded to 8 bits per block, integer dot products (CPU)", no_gil);
   m.def("dense_linear", &dense_linear, "x @ W^T + b for a few rows of x, W float32 (CPU)", no_gil);
   m.def("panel_linear", &panel_linear, "x @ W^T + b for many rows of x (prompts), W float32 (CPU)", no_gil);
-  m.def("bfloat16_linear", &bfloat16_linear, "x @ W^T for rows of x, W bfloat16, summed in float32 (CPU)", no_gil);
-  m.attr("bfloat16_dot") = bfloat16_dot_available();  // bfloat16_linear takes x in bfloat16 too
+  m.def("bfloat16_linear", &bfloat16_linear, "x @ W^T for float32 rows of x, W bfloat16, summed in float32 (CPU)",
+        no_gil);
+  m.def("pack_bfloat16_pairs", &pack_bfloat16_pairs, "A bfloat16 weight in panels of value pairs for vdpbf16ps (CPU)",
+        no_gil);
+  m.def("bfloat16_pair_linear", &bfloat16_pair_linear,
+        "x @ W^T for bfloat16 rows of x and W packed by pack_bfloat16_pairs, summed in float32 (CPU)", no_gil);
+  m.attr("bfloat16_dot") = bfloat16_dot_available();  // bfloat16_pair_linear runs here
   m.def("greedy_screen_logits", &greedy_screen_logits,
         "A greedy step's candidate tokens with their float32 logits, every other token -inf (CPU)", no_gil);
   m.def("greedy_screen_logits_q8", &greedy_screen_logits_q8,
