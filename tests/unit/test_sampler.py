@@ -13,7 +13,7 @@ from transformers import (
     WatermarkLogitsProcessor,
 )
 
-from tritonllm.engine.sampler import warp, watermark
+from tritonllm.engine.sampler import row_argmax, warp, watermark
 
 
 @pytest.mark.parametrize(
@@ -72,3 +72,18 @@ def test_watermarked_greedy_generation_equals_generate(tiny_model_dir, hf_model)
     )[0, len(prompt) :].tolist()
     plain = hf_model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, pad_token_id=0)
     assert seq.output_ids == expected != plain[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_row_argmax_picks_as_torch_does_ties_nan_and_infinities_included(dtype):
+    logits = torch.randn(7, 300, generator=torch.Generator().manual_seed(0))
+    logits[0, [5, 200]] = 100.0  # equal maxima: the first
+    logits[1, [7, 3]] = float("nan")  # a NaN is above all: the first NaN
+    logits[2] = float("-inf")  # nothing but -inf: token 0
+    logits[3, [10, 20]] = float("inf")
+    logits[4, [0, 299]] = torch.tensor([float("inf"), float("nan")])
+    logits[5, 299] = 1e30  # the last token
+    logits = logits.to(dtype)
+    assert row_argmax(logits) == logits.argmax(-1).tolist()
+    assert row_argmax(logits[:, 1:]) == logits[:, 1:].argmax(-1).tolist()  # not contiguous
+    assert row_argmax(logits[:0]) == []

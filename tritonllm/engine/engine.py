@@ -18,7 +18,7 @@ from .logits_processors import ends_with_any, ends_with_stop_word
 from .model_runner import ModelRunner, ModelShape, resolve_device, resolve_dtype_name
 from .ngram_drafter import NgramDrafter
 from .paged_attention import KVCache
-from .sampler import Sampled, sample_one
+from .sampler import Sampled, row_argmax, sample_one
 from .scheduler import ScheduledChunk, Scheduler, decoding
 from .sequence import FinishReason, Sequence
 from .stats import EngineStats
@@ -188,7 +188,7 @@ class LLMEngine:
         for chunk in chunks:
             chunk.seq.num_computed += chunk.num_tokens
             self.blocks.register_full_blocks(chunk.seq)
-        argmax = logits.argmax(-1).tolist()
+        argmax = row_argmax(logits)
         now, row = time.monotonic(), 0
         searches = []
         for chunk in sampling:
