@@ -8,7 +8,7 @@
 //   work and nothing to widen, so it pays at 32 rows too, where the layer's arithmetic sets the pace. The weight is
 //   packed for it once (pack_bfloat16_pairs): panels of kPanel rows, each value pair (2i, 2i + 1) of the panel's
 //   rows side by side, so that a tile multiplies a broadcast input pair by 16 rows' pairs a vector and sums
-//   outer products into kTileRows x kPanel sums, with no horizontal sums (reading the rows as they lie, a tile of
+//   outer products into kPairTileRows x kPanel sums, with no horizontal sums (reading the rows as they lie, a tile of
 //   6 inputs by 4 rows spent a third of its time summing across lanes at SmolLM2's K of 576: 32 rows of its
 //   49152 x 576 layer 6.98 -> 4.83 ms, 8 rows 2.66 -> 1.75, on AMD EPYC Zen 4).
 // The screen bounds both roundings, the weight's and the input's, and float32 sums of K products in any order.
@@ -187,7 +187,8 @@ torch::Tensor pack_bfloat16_pairs(torch::Tensor weight) {
   at::parallel_for(0, panels, 1, [&](int64_t first, int64_t last) {
     for (int64_t p = first; p < last; ++p)
       for (int64_t j = 0; j < std::min(kPanel, n - p * kPanel); ++j)
-        for (int64_t i = 0; i < k; ++i) out[((p * pairs + i / 2) * kPanel + j) * 2 + i % 2] = w[(p * kPanel + j) * k + i];
+        for (int64_t i = 0; i < k; ++i)
+          out[((p * pairs + i / 2) * kPanel + j) * 2 + i % 2] = w[(p * kPanel + j) * k + i];
   });
   return packed;
 }
