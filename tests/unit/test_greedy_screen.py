@@ -23,15 +23,22 @@ def kernels():
     return built
 
 
-def input_dtypes(kernels) -> list[torch.dtype]:
-    """float32 inputs always; bfloat16 ones where the CPU multiplies bfloat16 pairs."""
-    return [torch.float32] + ([torch.bfloat16] if kernels.bfloat16_dot else [])
+def input_ways(kernels) -> list[tuple[torch.dtype, bool]]:
+    """(input dtype, through AMX's tiles): float32 inputs always; bfloat16 ones through vdpbf16ps where the CPU
+    multiplies bfloat16 pairs, and through AMX's tiles too where they serve (for a K that is a multiple of 32)."""
+    ways = [(torch.float32, False)]
+    if kernels.bfloat16_dot:
+        ways.append((torch.bfloat16, False))
+    if kernels.bfloat16_tiles:
+        ways.append((torch.bfloat16, True))
+    return ways
 
 
-def products(kernels, x: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
-    """x @ low^T by the screen's kernel for x's type: low as it lies for float32, packed in pairs for bfloat16."""
+def products(kernels, x: torch.Tensor, low: torch.Tensor, tiles: bool = True) -> torch.Tensor:
+    """x @ low^T by the screen's kernel for x's type: low as it lies for float32, packed in pairs for bfloat16
+    (through AMX's tiles where `tiles` and they serve)."""
     if x.dtype == torch.bfloat16:
-        return kernels.bfloat16_pair_linear(x, kernels.pack_bfloat16_pairs(low), len(low))
+        return kernels.bfloat16_pair_linear(x, kernels.pack_bfloat16_pairs(low), len(low), tiles)
     return kernels.bfloat16_linear(x, low)
 
 
@@ -41,25 +48,26 @@ def test_the_bfloat16_kernel_sums_the_widened_values_in_float32(kernels, rows, o
     generator = torch.Generator().manual_seed(rows + out_features)
     x = torch.randn(rows, in_features, generator=generator)
     low = torch.randn(out_features, in_features, generator=generator).bfloat16()
-    for dtype in input_dtypes(kernels):
+    for dtype, tiles in input_ways(kernels):
         given = x.to(dtype)
         expected = F.linear(given.float(), low.float())
-        torch.testing.assert_close(products(kernels, given, low), expected, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(products(kernels, given, low, tiles), expected, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("in_features", [576, 100, 7])
 def test_a_rows_result_is_the_same_bits_whatever_else_is_in_the_step(kernels, in_features):
-    """One row alone takes the many-stream path, several rows the tiles of every size: each output is summed the
-    same way in all of them, so a sequence's candidates do not depend on its step."""
+    """One row alone takes the many-stream path, several rows the tiles of every size (AMX's: blocks of 16 rows,
+    the last one padded): each output is summed the same way in all of them, so a sequence's candidates do not
+    depend on its step."""
     generator = torch.Generator().manual_seed(in_features)
-    x = torch.randn(13, in_features, generator=generator)
+    x = torch.randn(37, in_features, generator=generator)
     low = torch.randn(203, in_features, generator=generator).bfloat16()
-    for dtype in input_dtypes(kernels):
+    for dtype, tiles in input_ways(kernels):
         given = x.to(dtype)
-        together = products(kernels, given, low)
+        together = products(kernels, given, low, tiles)
         for rows in range(1, len(x) + 1):
-            assert torch.equal(products(kernels, given[:rows].contiguous(), low), together[:rows])
-        alone = torch.cat([products(kernels, given[r : r + 1].contiguous(), low) for r in range(len(x))])
+            assert torch.equal(products(kernels, given[:rows].contiguous(), low, tiles), together[:rows])
+        alone = torch.cat([products(kernels, given[r : r + 1].contiguous(), low, tiles) for r in range(len(x))])
         assert torch.equal(alone, together)
 
 

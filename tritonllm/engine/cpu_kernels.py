@@ -26,6 +26,7 @@ KERNELS = (
     "dense_linear.cpp",
     "panel_gemm.cpp",
     "bfloat16_linear.cpp",
+    "bfloat16_tiles.cpp",
     "greedy_screen.cpp",
     "quantized_linear.cpp",
     "quantized_linear_int8.cpp",

@@ -5,12 +5,14 @@
 //   sequence's decode waits on memory.
 // - x rounded to bfloat16 too, where the CPU multiplies bfloat16 pairs (AVX512_BF16: Intel since Cooper Lake,
 //   AMD since Zen 4): vdpbf16ps adds 32 exact products into 16 float32 sums an instruction, twice a float32 FMA's
-//   work and nothing to widen, so it pays at 32 rows too, where the layer's arithmetic sets the pace. The weight is
-//   packed for it once (pack_bfloat16_pairs): panels of kPanel rows, each value pair (2i, 2i + 1) of the panel's
-//   rows side by side, so that a tile multiplies a broadcast input pair by 16 rows' pairs a vector and sums
-//   outer products into kPairTileRows x kPanel sums, with no horizontal sums (reading the rows as they lie, a tile of
-//   6 inputs by 4 rows spent a third of its time summing across lanes at SmolLM2's K of 576: 32 rows of its
-//   49152 x 576 layer 6.98 -> 4.83 ms, 8 rows 2.66 -> 1.75, on AMD EPYC Zen 4).
+//   work on Zen 4 (as much on an Intel Xeon that issues one a cycle) and nothing to widen, so it pays at 32 rows
+//   too, where the layer's arithmetic sets the pace. The weight is packed for it once (pack_bfloat16_pairs,
+//   bfloat16_pairs.h): panels of kPairPanel rows, each value pair (2i, 2i + 1) of the panel's rows side by side,
+//   so that a tile multiplies a broadcast input pair by 16 rows' pairs a vector and sums outer products into
+//   kPairTileRows x kPairPanel sums, with no horizontal sums (reading the rows as they lie, a tile of 6 inputs by
+//   4 rows spent a third of its time summing across lanes at SmolLM2's K of 576: 32 rows of its 49152 x 576 layer
+//   6.98 -> 4.83 ms, 8 rows 2.66 -> 1.75, on AMD EPYC Zen 4). Where AMX's tiles serve, they read the same packed
+//   copy (bfloat16_tiles.cpp).
 // The screen bounds both roundings, the weight's and the input's, and float32 sums of K products in any order.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -19,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "bfloat16_pairs.h"
 #include "float_vec.h"
 #include "weight_rows.h"
 
@@ -28,8 +31,7 @@ using float_vec::kLanes;
 using float_vec::Vec;
 
 constexpr int kStreams = 8;  // weight rows one input row reads side by side (weight_rows::for_each_row_group)
-constexpr int kPanelVecs = 3;
-constexpr int64_t kPanel = kPanelVecs * 16;  // weight rows a packed panel holds (16 float32 sums a vector)
+constexpr int kPanelVecs = kPairPanel / 16;  // 16 float32 sums a vector
 
 inline float widen(uint16_t v) {
   const uint32_t bits = static_cast<uint32_t>(v) << 16;
@@ -92,8 +94,8 @@ void widen_tile(const float* x, const uint16_t* w, int64_t k, const int64_t* ns,
 #if defined(__AVX512BF16__)
 constexpr int kPairTileRows = 8;  // 8 x 3 sums, 3 weight vectors and a broadcast pair of 32 registers
 
-// out[r, 0:kPanel) = x[r] . the panel's rows for r < ROWS: x rows as `pairs` bfloat16 pairs (uint32), the panel
-// [pairs][kPanel][2]. Each output is one chain of vdpbf16ps over its pairs in order, whatever the tile.
+// out[r, 0:kPairPanel) = x[r] . the panel's rows for r < ROWS: x rows as `pairs` bfloat16 pairs (uint32), the panel
+// [pairs][kPairPanel][2]. Each output is one chain of vdpbf16ps over its pairs in order, whatever the tile.
 template <int ROWS>
 void pair_tile(const uint32_t* x, int64_t pairs, const uint16_t* panel, float* out, int64_t out_stride) {
   __m512 acc[ROWS][kPanelVecs];
@@ -102,7 +104,7 @@ void pair_tile(const uint32_t* x, int64_t pairs, const uint16_t* panel, float* o
   for (int64_t i = 0; i < pairs; ++i) {
     __m512bh w[kPanelVecs];
     for (int c = 0; c < kPanelVecs; ++c)
-      w[c] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(panel + (i * kPanel + c * 16) * 2));
+      w[c] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(panel + (i * kPairPanel + c * 16) * 2));
     for (int r = 0; r < ROWS; ++r) {
       const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(x[r * pairs + i])));
       for (int c = 0; c < kPanelVecs; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], w[c], xv);
@@ -137,27 +139,27 @@ void bfloat16_products(const float* x, int64_t rows, const uint16_t* w, int64_t 
     weight_rows::for_each_row_group<4>(n, weight_rows::kSmallestChunk, kernel);
 }
 
-// out [rows, n] = x @ w^T for x [rows, 2 * pairs] in bfloat16 (an odd K padded with a zero) and w packed by
-// pack_bfloat16_pairs, where bfloat16_dot_available().
 void bfloat16_pair_products(const uint16_t* x, int64_t rows, const uint16_t* packed, int64_t n, int64_t pairs,
-                            float* out) {
+                            float* out, bool tiles) {
+  if (tiles && pairs % 16 == 0 && bfloat16_tiles_available())
+    return bfloat16_tile_products(x, rows, packed, n, pairs, out);
 #if defined(__AVX512BF16__)
   const uint32_t* xp = reinterpret_cast<const uint32_t*>(x);
-  const int64_t panels = (n + kPanel - 1) / kPanel;
+  const int64_t panels = (n + kPairPanel - 1) / kPairPanel;
   weight_rows::guided_chunks(panels, 1, INT64_MAX, [&](int64_t first, int64_t last) {
-    alignas(64) float partial[kPairTileRows * kPanel];  // the last panel's tiles, where it holds fewer rows
+    alignas(64) float partial[kPairTileRows * kPairPanel];  // the last panel's tiles, where it holds fewer rows
     for (int64_t p = first; p < last; ++p) {
-      const uint16_t* panel = packed + p * pairs * kPanel * 2;
-      const int64_t n0 = p * kPanel, cols = std::min(kPanel, n - n0);
+      const uint16_t* panel = packed + p * pairs * kPairPanel * 2;
+      const int64_t n0 = p * kPairPanel, cols = std::min(kPairPanel, n - n0);
       float_vec::even_tiles<kPairTileRows>(rows, [&](auto tile_rows, int64_t m) {
-        if (cols == kPanel) return pair_tile<tile_rows()>(xp + m * pairs, pairs, panel, out + m * n + n0, n);
-        pair_tile<tile_rows()>(xp + m * pairs, pairs, panel, partial, kPanel);
-        for (int r = 0; r < tile_rows(); ++r) std::copy_n(partial + r * kPanel, cols, out + (m + r) * n + n0);
+        if (cols == kPairPanel) return pair_tile<tile_rows()>(xp + m * pairs, pairs, panel, out + m * n + n0, n);
+        pair_tile<tile_rows()>(xp + m * pairs, pairs, panel, partial, kPairPanel);
+        for (int r = 0; r < tile_rows(); ++r) std::copy_n(partial + r * kPairPanel, cols, out + (m + r) * n + n0);
       });
     }
   });
 #else
-  (void)x, (void)rows, (void)packed, (void)n, (void)pairs, (void)out;
+  (void)x, (void)rows, (void)packed, (void)n, (void)pairs, (void)out, (void)tiles;
   TORCH_CHECK(false, "this CPU does not multiply bfloat16 pairs");
 #endif
 }
@@ -175,35 +177,34 @@ torch::Tensor bfloat16_linear(torch::Tensor x, torch::Tensor weight) {
   return out;
 }
 
-// weight [N, K] bfloat16 -> [panels, ceil(K / 2), kPanel, 2] bfloat16: panel p holds rows p * kPanel ..., value
+// weight [N, K] bfloat16 -> [panels, ceil(K / 2), kPairPanel, 2] bfloat16: panel p holds rows p * kPairPanel ..., value
 // pair i of its row j at [p, i, j]; rows past N and an odd K's last pair padded with zeros.
 torch::Tensor pack_bfloat16_pairs(torch::Tensor weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kBFloat16 && weight.is_contiguous(),
               "weight: contiguous [N, K] bfloat16");
-  const int64_t n = weight.size(0), k = weight.size(1), pairs = (k + 1) / 2, panels = (n + kPanel - 1) / kPanel;
-  auto packed = torch::zeros({panels, pairs, kPanel, 2}, weight.options());
+  const int64_t n = weight.size(0), k = weight.size(1), pairs = (k + 1) / 2, panels = (n + kPairPanel - 1) / kPairPanel;
+  auto packed = torch::zeros({panels, pairs, kPairPanel, 2}, weight.options());
   const uint16_t* w = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>());
   uint16_t* out = reinterpret_cast<uint16_t*>(packed.data_ptr<at::BFloat16>());
   at::parallel_for(0, panels, 1, [&](int64_t first, int64_t last) {
     for (int64_t p = first; p < last; ++p)
-      for (int64_t j = 0; j < std::min(kPanel, n - p * kPanel); ++j)
+      for (int64_t j = 0; j < std::min(kPairPanel, n - p * kPairPanel); ++j)
         for (int64_t i = 0; i < k; ++i)
-          out[((p * pairs + i / 2) * kPanel + j) * 2 + i % 2] = w[(p * kPanel + j) * k + i];
+          out[((p * pairs + i / 2) * kPairPanel + j) * 2 + i % 2] = w[(p * kPairPanel + j) * k + i];
   });
   return packed;
 }
 
-// Refuses `packed` unless it is pack_bfloat16_pairs of an [n, k] weight.
 void check_bfloat16_pairs(const torch::Tensor& packed, int64_t n, int64_t k) {
   TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == torch::kBFloat16 && packed.is_contiguous() &&
-                  packed.size(2) == kPanel && packed.size(3) == 2 && packed.size(1) == (k + 1) / 2 && n >= 0 &&
-                  packed.size(0) == (n + kPanel - 1) / kPanel,
+                  packed.size(2) == kPairPanel && packed.size(3) == 2 && packed.size(1) == (k + 1) / 2 && n >= 0 &&
+                  packed.size(0) == (n + kPairPanel - 1) / kPairPanel,
               "packed: pack_bfloat16_pairs of an [n, K] weight");
 }
 
 // x: [M, K] bfloat16; packed: pack_bfloat16_pairs of a weight [n, K]. Returns x @ weight^T, [M, n] float32, where
-// bfloat16_dot_available().
-torch::Tensor bfloat16_pair_linear(torch::Tensor x, torch::Tensor packed, int64_t n) {
+// bfloat16_dot_available(); through AMX's tiles where `tiles` and they serve (bfloat16_pair_products).
+torch::Tensor bfloat16_pair_linear(torch::Tensor x, torch::Tensor packed, int64_t n, bool tiles) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16, "x: [M, K] bfloat16");
   check_bfloat16_pairs(packed, n, x.size(1));
   torch::Tensor padded = x.contiguous();
@@ -211,6 +212,6 @@ torch::Tensor bfloat16_pair_linear(torch::Tensor x, torch::Tensor packed, int64_
   auto out = torch::empty({x.size(0), n}, x.options().dtype(torch::kFloat32));
   bfloat16_pair_products(reinterpret_cast<const uint16_t*>(padded.data_ptr<at::BFloat16>()), x.size(0),
                          reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()), n, packed.size(1),
-                         out.data_ptr<float>());
+                         out.data_ptr<float>(), tiles);
   return out;
 }

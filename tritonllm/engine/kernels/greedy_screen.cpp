@@ -13,13 +13,10 @@
 #include <limits>
 #include <vector>
 
+#include "bfloat16_pairs.h"
 #include "float_vec.h"
 
-bool bfloat16_dot_available();
 void bfloat16_products(const float* x, int64_t rows, const uint16_t* w, int64_t n, int64_t k, float* out);
-void bfloat16_pair_products(const uint16_t* x, int64_t rows, const uint16_t* packed, int64_t n, int64_t pairs,
-                            float* out);
-void check_bfloat16_pairs(const torch::Tensor& packed, int64_t n, int64_t k);
 torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
                                int64_t bits);
 
@@ -132,7 +129,7 @@ torch::Tensor greedy_screen_logits(torch::Tensor x, torch::Tensor low, torch::Te
   auto out = torch::empty({rows, vocab}, x.options());
   const uint16_t* lp = reinterpret_cast<const uint16_t*>(low.data_ptr<at::BFloat16>());
   if (round_input)
-    bfloat16_pair_products(rounded.data(), rows, lp, vocab, pairs, out.data_ptr<float>());
+    bfloat16_pair_products(rounded.data(), rows, lp, vocab, pairs, out.data_ptr<float>(), true);
   else
     bfloat16_products(xp, rows, lp, vocab, k, out.data_ptr<float>());
   select_rows(x, weight, slack, low_norms.data_ptr<float>(), rounding, safety, flush, out);

@@ -13,8 +13,9 @@ torch::Tensor dense_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor 
 torch::Tensor panel_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor bias);
 torch::Tensor bfloat16_linear(torch::Tensor x, torch::Tensor weight);
 torch::Tensor pack_bfloat16_pairs(torch::Tensor weight);
-torch::Tensor bfloat16_pair_linear(torch::Tensor x, torch::Tensor packed, int64_t n);
+torch::Tensor bfloat16_pair_linear(torch::Tensor x, torch::Tensor packed, int64_t n, bool tiles);
 bool bfloat16_dot_available();
+bool bfloat16_tiles_available();
 torch::Tensor greedy_screen_logits(torch::Tensor x, torch::Tensor low, torch::Tensor weight, torch::Tensor slack,
                                    torch::Tensor low_norms, bool round_input, double safety, double flush);
 torch::Tensor greedy_screen_logits_q8(torch::Tensor x, torch::Tensor q, torch::Tensor scales, torch::Tensor weight,
@@ -38,8 +39,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_bfloat16_pairs", &pack_bfloat16_pairs, "A bfloat16 weight in panels of value pairs for vdpbf16ps (CPU)",
         no_gil);
   m.def("bfloat16_pair_linear", &bfloat16_pair_linear,
-        "x @ W^T for bfloat16 rows of x and W packed by pack_bfloat16_pairs, summed in float32 (CPU)", no_gil);
+        "x @ W^T for bfloat16 rows of x and W packed by pack_bfloat16_pairs, summed in float32 (CPU); through AMX's "
+        "tiles where `tiles` and they serve",
+        py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("tiles") = true, no_gil);
   m.attr("bfloat16_dot") = bfloat16_dot_available();  // bfloat16_pair_linear runs here
+  m.attr("bfloat16_tiles") = bfloat16_tiles_available();  // and takes AMX's tiles for a K that is a multiple of 32
   m.def("greedy_screen_logits", &greedy_screen_logits,
         "A greedy step's candidate tokens with their float32 logits, every other token -inf (CPU)", no_gil);
   m.def("greedy_screen_logits_q8", &greedy_screen_logits_q8,
