@@ -141,7 +141,7 @@ void bfloat16_products(const float* x, int64_t rows, const uint16_t* w, int64_t 
 
 void bfloat16_pair_products(const uint16_t* x, int64_t rows, const uint16_t* packed, int64_t n, int64_t pairs,
                             float* out, bool tiles) {
-  if (tiles && pairs % 16 == 0 && bfloat16_tiles_available())
+  if (tiles && bfloat16_tiles_serve(pairs))
     return bfloat16_tile_products(x, rows, packed, n, pairs, out);
 #if defined(__AVX512BF16__)
   const uint32_t* xp = reinterpret_cast<const uint32_t*>(x);

@@ -16,12 +16,15 @@ void check_bfloat16_pairs(const torch::Tensor& packed, int64_t n, int64_t k);
 bool bfloat16_dot_available();  // vdpbf16ps (AVX512_BF16)
 bool bfloat16_tiles_available();  // AMX-BF16's tiles, compiled in and granted by the kernel to this process
 
+// Whether the tiles multiply x rows of `pairs` value pairs: granted here, and pairs a multiple of a tile's 16.
+bool bfloat16_tiles_serve(int64_t pairs);
+
 // out [rows, n] = x @ w^T for x [rows, 2 * pairs] in bfloat16 (an odd K padded with a zero) and w packed in pairs,
-// where bfloat16_dot_available(): through AMX's tiles where `tiles`, bfloat16_tiles_available() and pairs is a
-// multiple of 16, else vdpbf16ps.
+// where bfloat16_dot_available(): through AMX's tiles where `tiles` and bfloat16_tiles_serve(pairs), else
+// vdpbf16ps.
 void bfloat16_pair_products(const uint16_t* x, int64_t rows, const uint16_t* packed, int64_t n, int64_t pairs,
                             float* out, bool tiles);
 
-// The same through AMX's tiles, where bfloat16_tiles_available() and pairs % 16 == 0.
+// The same through AMX's tiles, where bfloat16_tiles_serve(pairs).
 void bfloat16_tile_products(const uint16_t* x, int64_t rows, const uint16_t* packed, int64_t n, int64_t pairs,
                             float* out);

@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "bfloat16_pairs.h"
@@ -72,9 +71,11 @@ bool bfloat16_tiles_available() {
   return available;
 }
 
+bool bfloat16_tiles_serve(int64_t pairs) { return pairs % kTilePairs == 0 && bfloat16_tiles_available(); }
+
 void bfloat16_tile_products(const uint16_t* x, int64_t rows, const uint16_t* packed, int64_t n, int64_t pairs,
                             float* out) {
-  TORCH_CHECK(bfloat16_tiles_available() && pairs % kTilePairs == 0, "bfloat16 tiles: not on this CPU or this K");
+  TORCH_CHECK(bfloat16_tiles_serve(pairs), "bfloat16 tiles: not on this CPU or this K");
   // The input rows in whole tiles, the last one's missing rows zeros.
   const int64_t blocks = (rows + kTileRows - 1) / kTileRows;
   std::vector<uint16_t> padded(blocks * kTileRows * 2 * pairs, 0);
@@ -111,6 +112,8 @@ void bfloat16_tile_products(const uint16_t* x, int64_t rows, const uint16_t* pac
 #else
 
 bool bfloat16_tiles_available() { return false; }
+
+bool bfloat16_tiles_serve(int64_t) { return false; }
 
 void bfloat16_tile_products(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, float*) {
   TORCH_CHECK(false, "bfloat16 tiles: not compiled for this CPU");
