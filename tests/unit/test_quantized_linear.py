@@ -190,7 +190,12 @@ def test_a_layer_whose_blocks_differ_from_its_weight_stays_float32(smollm2_q4_1,
 
 def test_int8_activations_serve_the_q4_1_model_close_to_exact(smollm2_q4_1):
     """The opt-in reaches every block layer and the native stack, passes the load-time check, and its logits stay
-    within a few percent of the exact ones (what 8-bit inputs cost; the greedy agreement is bench/peers.py's)."""
+    within a few percent of the exact ones (what 8-bit inputs cost; the greedy agreement is bench/peers.py's).
+
+    Measured as each step's logits' distance over their norm (0.01-0.04; 0.2-0.7 with the native stack's output
+    projection fed the wrong 8-bit input): the largest of 49152 differences over the largest logit, the measure
+    before, is the tail of a noise in which a last-bit difference upstream flips an 8-bit rounding, and it read
+    0.043 in the AVX-512 build and 0.054 in the AVX2 build of one Intel Xeon."""
     file, model_dir = smollm2_q4_1
     logits = {}
     for int8 in (False, True):
@@ -203,8 +208,8 @@ def test_int8_activations_serve_the_q4_1_model_close_to_exact(smollm2_q4_1):
         while engine.has_work():
             engine.step()
         logits[int8] = torch.stack(seq.generation_logits)
-    gap = (logits[True] - logits[False]).abs().max() / logits[False].abs().max()
-    assert 0 < gap < 0.05
+    gap = (logits[True] - logits[False]).norm(dim=-1) / logits[False].norm(dim=-1)
+    assert (gap > 0).all() and (gap < 0.1).all(), gap
 
 
 def test_a_layer_whose_kernel_computes_otherwise_stays_float32(smollm2_q4_1, monkeypatch, tmp_path):
