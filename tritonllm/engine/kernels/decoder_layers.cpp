@@ -198,10 +198,13 @@ void project_columns(const std::vector<UnitWeight>& parts, const float* x, const
 // The phases' units of a projection group: column ranges of at most kUnitBytes of weights each (fewer columns the
 // more rows share them, so that a unit stays a few tens of microseconds), and at least 4 a thread, so that the
 // threads finish a phase close together; within one projection each, at most phase_board::kMaxUnits. `upto`: only
-// the columns before it (a gate's, whose up columns a unit computes beside).
+// the columns before it (a gate's, whose up columns a unit computes beside). A unit costs its bookkeeping (the
+// board's states, two clock reads) whatever its size: 256 KB made a 32-row step's units 8 columns, ~3 us each;
+// 1 MB makes them 56 (decode step medians of in-process W1, alternating in one process on an Intel Xeon, 80.4 ->
+// 72.6 ms over six runs each, on a VM whose speed moved as much between runs).
 std::vector<std::pair<int64_t, int64_t>> column_units(const std::vector<UnitWeight>& parts, int64_t rows,
                                                       int64_t threads, int64_t upto = INT64_MAX) {
-  constexpr int64_t kUnitBytes = 256 << 10;
+  constexpr int64_t kUnitBytes = 1 << 20;
   auto eights = [](int64_t n) { return std::max<int64_t>(8, (n + 7) / 8 * 8); };
   int64_t total = 0;
   for (const UnitWeight& part : parts) total += part.n;
