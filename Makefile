@@ -10,10 +10,14 @@ PYTEST_ARGS ?=
 
 install: $(VENV)/.installed
 
-# pgrep finds the stubs a server leaves; curl runs the README examples; openssl makes the TLS test's certificate.
+# pgrep finds the stubs a server leaves; curl runs the README examples; openssl makes the TLS test's certificate;
+# tcmalloc is the allocator tritonserver and the stubs run with (tritonllm/runtime/allocator.py; its package is
+# libtcmalloc-minimal4t64 from Debian 13 and Ubuntu 24.04 on).
 system-deps:
-	@command -v pgrep >/dev/null && command -v curl >/dev/null && command -v openssl >/dev/null || \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq procps curl openssl)
+	@command -v pgrep >/dev/null && command -v curl >/dev/null && command -v openssl >/dev/null && \
+		test -n "$$(ls /usr/lib/*/libtcmalloc_minimal.so.4 /usr/lib64/libtcmalloc_minimal.so.4 2>/dev/null)" || \
+		(apt-get update -qq && (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq procps curl openssl \
+		libtcmalloc-minimal4 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4t64))
 
 $(VENV)/.installed: pyproject.toml constraints.txt | system-deps
 	test -x $(PY) || python3 -m venv $(VENV)

@@ -61,6 +61,8 @@ def _interrupt(*_) -> None:
 def serve(args: argparse.Namespace) -> int:
 
     from .runtime import gguf
+    from .runtime.allocator import SETTING as ALLOCATOR_SETTING
+    from .runtime.allocator import allocator_library
     from .runtime.supervisor import Supervisor
     from .runtime.tritonserver import ServerError, TritonServer, port_is_free
 
@@ -99,6 +101,14 @@ def serve(args: argparse.Namespace) -> int:
             return 2
     if triton_host not in LOOPBACK and not args.api_key:
         _progress(f"warning: Triton's ports listen on {triton_host} and ask for no API key (--api-key)")
+    try:
+        if allocator_library() is None and os.environ.get(ALLOCATOR_SETTING, "tcmalloc") == "tcmalloc":
+            _progress(
+                "warning: tcmalloc is not installed (apt-get install libtcmalloc-minimal4): Triton runs on glibc malloc"
+            )
+    except FileNotFoundError as e:
+        _progress(str(e))
+        return 2
     # The shim's tool-call format (--no-shim needs none). Detecting it loads the tokenizer on a first start, seconds
     # of imports: it runs while tritonserver loads, whose preprocessing model resolves the same setting from its
     # own tokenizer the same way. The shim's own imports (0.7 s) are done then too, off the path to ready.

@@ -45,6 +45,14 @@ def text_of(results) -> str:
     return "".join(r.as_numpy("text_output").reshape(-1)[0].decode() for r in results)
 
 
+def test_tritonserver_and_every_stub_run_on_tcmalloc(triton):
+    """Preloaded by server_env (runtime/allocator.py): glibc's malloc took a quarter of tritonserver's CPU."""
+    stubs = {model: triton.stubs_of(model) for model in ("preprocessing", "llm", "postprocessing", "embedding")}
+    assert all(stubs.values()), stubs
+    for pid in [triton.process.pid, *(pid for pids in stubs.values() for pid in pids)]:
+        assert "libtcmalloc" in Path(f"/proc/{pid}/maps").read_text(), f"process {pid} runs without tcmalloc"
+
+
 def test_ensemble_grpc_stream_equals_transformers_and_non_stream(stream, tokenizer, hf_model):
     prompt = PROMPTS[0]
     expected, ids = greedy_text(hf_model, tokenizer, tokenizer.encode(prompt), 24)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .allocator import with_allocator
 from .model_set import TritonNames, renamed_config
 
 
@@ -104,7 +105,7 @@ def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.update(extra or {})
-    return env
+    return with_allocator(env)
 
 
 def port_is_free(host: str, port: int) -> bool:

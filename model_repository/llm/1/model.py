@@ -28,6 +28,7 @@ from tritonllm.engine.lora import AdapterCache
 from tritonllm.engine.sequence import samples_of
 from tritonllm.errors import RequestError
 from tritonllm.runtime import gguf, multiplex
+from tritonllm.runtime.allocator import release_free_memory
 from tritonllm.runtime.llm_metrics import EngineMetrics
 from tritonllm.runtime.llm_responses import FINAL, Channel, Responder, ResponseQueue, SampleGroup
 from tritonllm.runtime.model_config import ModelParameters, load_tokenizer
@@ -76,6 +77,7 @@ class TritonPythonModel:
         # decode step of 32 sequences, a stall of every stream (vLLM freezes after loading too).
         gc.collect()
         gc.freeze()
+        release_free_memory()
         self.thread.start()
         self.stops = StopBoard(self.shared / "stops", args["model_instance_name"], self.thread.cancel)
 

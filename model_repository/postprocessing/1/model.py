@@ -5,6 +5,7 @@ from __future__ import annotations
 import triton_python_backend_utils as pb_utils
 
 from tritonllm.errors import RequestError
+from tritonllm.runtime.allocator import release_free_memory
 from tritonllm.runtime.model_config import ModelParameters
 from tritonllm.tokenizer.backend_tokenizer import load_backend_tokenizer
 from tritonllm.tokenizer.postprocess import postprocess
@@ -14,6 +15,7 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         params = ModelParameters(args)
         self.tokenizer = load_backend_tokenizer(params.model_dir())
+        release_free_memory()  # the tokenizer's load
 
     def execute(self, requests: list) -> list:
         return [self._one(request) for request in requests]

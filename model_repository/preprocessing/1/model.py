@@ -10,6 +10,7 @@ from jinja2 import TemplateError
 
 from tritonllm import errors
 from tritonllm.errors import RequestError
+from tritonllm.runtime.allocator import release_free_memory
 from tritonllm.runtime.model_config import (
     TOOL_CALL_PARSER_ENV,
     ModelParameters,
@@ -108,6 +109,7 @@ class TritonPythonModel:
         }
         self.max_prompt_tokens = min(self.limits.values())
         self.context = min(params.int("max_seq_len", 1 << 31), positions)  # prompt and generated tokens
+        release_free_memory()  # the tokenizer's and the template's load
 
     def execute(self, requests: list) -> list:
         return [self._one(request) for request in requests]
