@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from tritonllm.runtime.allocator import SETTING, allocator_library, with_allocator
@@ -29,3 +33,28 @@ def test_system_keeps_glibc_and_a_path_is_preloaded_as_given(tmp_path):
 def test_a_missing_library_is_an_error_naming_the_setting(tmp_path):
     with pytest.raises(FileNotFoundError, match=SETTING):
         with_allocator({SETTING: str(tmp_path / "nothing.so")})
+
+
+RELEASE_SCRIPT = """
+import sys
+from tritonllm.runtime.allocator import release_free_memory
+
+def rss_mb():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+
+buffers = [bytearray(8 << 20) for _ in range(40)]  # 320 MB in pieces, as a model's load frees them
+del buffers
+held = rss_mb()
+if sys.argv[1] == "release":
+    release_free_memory()
+print(held, rss_mb())
+"""
+
+
+@pytest.mark.parametrize("allocator", ["tcmalloc", "system"])
+def test_what_a_load_freed_goes_back_to_the_system(allocator):
+    env = with_allocator({**os.environ, SETTING: allocator})
+    run = [sys.executable, "-c", RELEASE_SCRIPT, "release"]
+    held, after = map(float, subprocess.run(run, env=env, capture_output=True, text=True, check=True).stdout.split())
+    assert after < held - 250 or held < 100, (held, after)  # glibc hands large blocks back by itself
+    assert after < 200, after

@@ -60,8 +60,7 @@ def release_free_memory() -> None:
     """Hands the allocator's free pages back to the system: after a model's load, whose transient buffers (weights
     converted, the native stack's copies) tcmalloc would otherwise keep (~350 MB of the llm's on SmolLM2)."""
     process = ctypes.CDLL(None)
-    release = getattr(process, "MallocExtension_ReleaseFreeMemory", None)  # tcmalloc's
-    if release is not None:
+    if release := getattr(process, "MallocExtension_ReleaseFreeMemory", None):  # tcmalloc's
         release()
-    else:
-        process.malloc_trim(0)  # glibc's
+    elif trim := getattr(process, "malloc_trim", None):  # glibc's (musl has none)
+        trim(0)
