@@ -16,8 +16,9 @@ install: $(VENV)/.installed
 system-deps:
 	@command -v pgrep >/dev/null && command -v curl >/dev/null && command -v openssl >/dev/null && \
 		test -n "$$(ls /usr/lib/*/libtcmalloc_minimal.so.4 /usr/lib64/libtcmalloc_minimal.so.4 2>/dev/null)" || \
-		(apt-get update -qq && (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq procps curl openssl \
-		libtcmalloc-minimal4 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4t64))
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq procps curl openssl && \
+		(DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4 || \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4t64))
 
 $(VENV)/.installed: pyproject.toml constraints.txt | system-deps
 	test -x $(PY) || python3 -m venv $(VENV)

@@ -336,14 +336,14 @@ def llama_cpp(
 
 
 def vllm(kv_cache_gib: int = 2) -> tuple[Server, int]:
-    cores, port = os.cpu_count() or 2, free_port()
-    command = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL)]
+    cores, port, python = os.cpu_count() or 2, free_port(), vllm_python()
+    command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL)]
     command += ["--served-model-name", MODEL.name, "--host", "127.0.0.1", "--port", str(port)]
     command += ["--dtype", "float32", "--max-model-len", "2048", "--max-num-seqs", str(WORKLOADS["W1"].requests)]
     env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}", "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib)}
     # What vLLM's CPU install page asks for, and warns of when missing: tcmalloc and Intel's OpenMP preloaded
     # (its own wheels preload a bundled tcmalloc; this build from PyPI has none bundled)
-    preload = [allocator_library({}), vllm_python().parent.parent / "lib" / "libiomp5.so"]
+    preload = [allocator_library({}), python.parent.parent / "lib" / "libiomp5.so"]
     env["LD_PRELOAD"] = " ".join(str(library) for library in preload if library and library.is_file())
     return Server(command, f"http://127.0.0.1:{port}/health", RESULTS / "vllm.log.tmp", env), port
 

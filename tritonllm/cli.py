@@ -60,9 +60,7 @@ def _interrupt(*_) -> None:
 
 def serve(args: argparse.Namespace) -> int:
 
-    from .runtime import gguf
-    from .runtime.allocator import SETTING as ALLOCATOR_SETTING
-    from .runtime.allocator import allocator_library
+    from .runtime import allocator, gguf
     from .runtime.supervisor import Supervisor
     from .runtime.tritonserver import ServerError, TritonServer, port_is_free
 
@@ -102,7 +100,7 @@ def serve(args: argparse.Namespace) -> int:
     if triton_host not in LOOPBACK and not args.api_key:
         _progress(f"warning: Triton's ports listen on {triton_host} and ask for no API key (--api-key)")
     try:
-        if allocator_library() is None and os.environ.get(ALLOCATOR_SETTING, "tcmalloc") == "tcmalloc":
+        if allocator.allocator_library() is None and allocator.chosen() == "tcmalloc":  # raises on a bad path
             _progress(
                 "warning: tcmalloc is not installed (apt-get install libtcmalloc-minimal4): Triton runs on glibc malloc"
             )

@@ -58,3 +58,12 @@ def test_what_a_load_freed_goes_back_to_the_system(allocator):
     held, after = map(float, subprocess.run(run, env=env, capture_output=True, text=True, check=True).stdout.split())
     assert after < held - 250 or held < 100, (held, after)  # glibc hands large blocks back by itself
     assert after < 200, after
+
+
+def test_serve_refuses_a_missing_allocator_before_starting_anything(tiny_model_dir, tmp_path, monkeypatch, capfd):
+    from tritonllm import cli
+
+    monkeypatch.setenv(SETTING, str(tmp_path / "nothing.so"))
+    assert cli.main(["serve", "--model-dir", str(tiny_model_dir)]) == 2
+    err = capfd.readouterr().err
+    assert f"{SETTING}={tmp_path / 'nothing.so'}: no such library" in err and "starting tritonserver" not in err

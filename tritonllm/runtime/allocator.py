@@ -31,9 +31,14 @@ def library_dirs() -> list[Path]:
     ]
 
 
+def chosen(environ: dict[str, str] | None = None) -> str:
+    """The setting's value: `tcmalloc` (the default), `system` or a library's path."""
+    return (environ if environ is not None else os.environ).get(SETTING, "tcmalloc")
+
+
 def allocator_library(environ: dict[str, str] | None = None) -> Path | None:
     """The library to preload, or None (glibc's malloc: asked for, or tcmalloc not installed)."""
-    choice = (environ if environ is not None else os.environ).get(SETTING, "tcmalloc")
+    choice = chosen(environ)
     if choice == "system":
         return None
     if choice != "tcmalloc":
