@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ..runtime.freed_heap import return_freed_heap
+from ..runtime.allocator import release_free_memory
 from . import (
     cpu_kernels,
     fused_projections,
@@ -221,7 +221,7 @@ class ModelRunner:
         if world > 1:
             self._split(place or tensor_parallel.Place(0, world, 0), model_dir, dtype)
         gc.collect()  # the load's cycles hold the checkpoint's and the GGUF file's mappings (some 90 MB resident)
-        return_freed_heap()
+        release_free_memory()
 
     def _use_decoder_stack(self) -> None:
         reason = native_decode.why_not(self.model)

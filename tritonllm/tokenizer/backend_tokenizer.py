@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..runtime.freed_heap import return_freed_heap
+from ..runtime.allocator import release_free_memory
 from ..runtime.model_config import load_tokenizer
 from . import model_cache
 from .tool_calls import PROBE_TOOL
@@ -35,7 +35,7 @@ class BackendTokenizer:
         from tokenizers import Tokenizer
 
         self.backend = Tokenizer.from_str(snapshot["backend"])
-        return_freed_heap()
+        release_free_memory()
         # transformers turns these off for every call that does not ask for them
         self.backend.no_truncation()
         self.backend.no_padding()
