@@ -54,30 +54,31 @@ def process_name(process: psutil.Process) -> str:
     return "serve (shim)"
 
 
-def cpu_seconds(server: Server) -> dict[str, float]:
-    root = psutil.Process(server.process.pid)
-    seconds: dict[str, float] = defaultdict(float)
-    for process in [root, *root.children(recursive=True)]:
-        with contextlib.suppress(psutil.Error):
-            times = process.cpu_times()
-            seconds[process_name(process)] += times.user + times.system
-    return seconds
-
-
 # The benchmark's own streaming client, on the same two cores: the in-process engine pays no client, so this
 # much of served ÷ in-process is the measurement's, not the server's.
 CLIENT = "client (this benchmark)"
 
 
-def client_seconds() -> float:
-    times = os.times()
+def busy_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
     return times.user + times.system
 
 
+def cpu_seconds(server: Server) -> dict[str, float]:
+    """CPU seconds so far of the server's processes by role, and of this benchmark's own process as CLIENT."""
+    root = psutil.Process(server.process.pid)
+    seconds: dict[str, float] = defaultdict(float)
+    for process in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            seconds[process_name(process)] += busy_seconds(process)
+    seconds[CLIENT] = busy_seconds(psutil.Process())
+    return seconds
+
+
 def run_served(run, server: Server, prompts, costs: Costs, tokens: int) -> None:
-    before = {**cpu_seconds(server), CLIENT: client_seconds()}
+    before = cpu_seconds(server)
     result = measured(run, prompts)
-    after = {**cpu_seconds(server), CLIENT: client_seconds()}
+    after = cpu_seconds(server)
     costs.tokens_per_s.append(result.tokens_per_s)
     costs.itl_p50_ms.append(result.itl_p50_ms)
     for name, seconds in after.items():
