@@ -37,6 +37,10 @@ SOURCES = [Path(__file__).parent / "kernels" / name for name in KERNELS]
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "torch_extensions"
 DISABLE_ENV = "TRITONLLM_NO_NATIVE_KERNELS"
 NAME = "tritonllm_cpu_kernels"
+# "avx2" builds the kernels for x86-64-v3 (AVX2, FMA, F16C, BMI2) whatever this CPU offers, into a cache of their
+# own: their AVX2 paths, which an AMD EPYC before Zen 4 runs, measured and tested on a machine with AVX-512.
+ISA_ENV = "TRITONLLM_CPU_ISA"
+ISAS = {"native": ("-march=native", NAME), "avx2": ("-march=x86-64-v3", f"{NAME}_avx2")}
 
 
 @functools.cache
@@ -45,6 +49,7 @@ def native():
     `quantized_panel_linear`, `dequantize`, `DecoderLayers`), or None."""
     if os.environ.get(DISABLE_ENV):
         return None
+    target()  # a misspelt instruction set is an error, not a silent fall back to the PyTorch paths
     try:
         return build()
     except Exception as e:  # no compiler, headers or ninja: the PyTorch path still works
@@ -52,23 +57,34 @@ def native():
         return None
 
 
+def target() -> tuple[str, str]:
+    """The compiler's -march flag and the module's name for $TRITONLLM_CPU_ISA (native when unset)."""
+    isa = os.environ.get(ISA_ENV) or "native"
+    if isa not in ISAS:
+        raise ValueError(f"{ISA_ENV}={isa!r}: expected one of {', '.join(ISAS)}")
+    return ISAS[isa]
+
+
 def build():
-    """Compiles the kernels for this machine's CPU, or loads the build already cached; raises when it cannot.
-    `make install` runs it (`tritonllm build-kernels`), so that a model's load only loads them."""
+    """Compiles the kernels for this machine's CPU (or the instruction sets $TRITONLLM_CPU_ISA names), or loads the
+    build already cached; raises when it cannot. `make install` runs it (`tritonllm build-kernels`), so that a
+    model's load only loads them."""
     import ninja
     from torch.utils.cpp_extension import load
 
+    march, name = target()
+
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(CACHE))
-    build_dir = Path(os.environ["TORCH_EXTENSIONS_DIR"]) / NAME
+    build_dir = Path(os.environ["TORCH_EXTENSIONS_DIR"]) / name
     build_dir.mkdir(parents=True, exist_ok=True)
     with _exclusive(build_dir / "build.flock"), _path_first(ninja.BIN_DIR):
         # torch's own lock file outlives a builder that was killed, and then every later load waits for it
         # forever; whoever holds it also holds build.flock, which the kernel releases when its holder dies.
         (build_dir / "lock").unlink(missing_ok=True)
         return load(
-            name=NAME,
+            name=name,
             sources=[str(source) for source in SOURCES],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_cflags=["-O3", march, "-fopenmp"],
             extra_ldflags=["-fopenmp"],
             build_directory=str(build_dir),
             verbose=False,
