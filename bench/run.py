@@ -334,6 +334,8 @@ def machine() -> dict:
     return {
         "cpu": names[0] if names else platform.processor() or platform.machine(),
         "isa": " ".join(f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags),
+        # peers.py --isa avx2: the servers ran as on an AVX2-only CPU, whatever the CPU has
+        **({"capped_to": cap} if (cap := os.environ.get("TRITONLLM_CPU_ISA", "native")) != "native" else {}),
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,
