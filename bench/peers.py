@@ -26,7 +26,7 @@ this project on that file as it is, with their greedy agreement (vLLM's CPU buil
 so it is not in that section).
 
 `--isa avx2` runs every server as an AVX2-only CPU (an AMD EPYC before Zen 4) would, on a machine with AVX-512:
-this project's kernels built for x86-64-v3 (TRITONLLM_CPU_ISA), llama.cpp built for AVX2 (a build of its own),
+this project's kernels built for x86-64-v3 ($TRITONLLM_CPU_ISA), llama.cpp built for AVX2 (a build of its own),
 and ATen, MKL and oneDNN capped to AVX2 in every server's environment (which covers vLLM's GEMMs; its own
 attention kernels keep what its wheel was compiled for).
 """
@@ -64,6 +64,7 @@ from run import (
     table,
 )
 
+from tritonllm.engine.cpu_kernels import ISA_ENV
 from tritonllm.runtime.allocator import allocator_library
 
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct"
@@ -104,7 +105,7 @@ def llama_cpp_sources() -> Path:
 
 # The environment of every server in an `--isa avx2` run.
 AVX2_ENV = {
-    "TRITONLLM_CPU_ISA": "avx2",
+    ISA_ENV: "avx2",
     "ATEN_CPU_CAPABILITY": "avx2",
     "MKL_ENABLE_INSTRUCTIONS": "AVX2",
     "ONEDNN_MAX_CPU_ISA": "AVX2",
@@ -112,7 +113,7 @@ AVX2_ENV = {
 
 
 def avx2_only() -> bool:
-    return os.environ.get("TRITONLLM_CPU_ISA") == "avx2"
+    return os.environ.get(ISA_ENV) == "avx2"
 
 
 def llama_server() -> Path:

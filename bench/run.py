@@ -322,6 +322,8 @@ def machine() -> dict:
     code runs at different ratios on Intel with AVX-512 and on AMD with AVX2 only."""
     from importlib.metadata import PackageNotFoundError, version
 
+    from tritonllm.engine.cpu_kernels import ISA_ENV
+
     def installed(package: str) -> str:
         try:
             return version(package)
@@ -335,7 +337,7 @@ def machine() -> dict:
         "cpu": names[0] if names else platform.processor() or platform.machine(),
         "isa": " ".join(f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags),
         # peers.py --isa avx2: the servers ran as on an AVX2-only CPU, whatever the CPU has
-        **({"capped_to": cap} if (cap := os.environ.get("TRITONLLM_CPU_ISA", "native")) != "native" else {}),
+        **({"capped_to": cap} if (cap := os.environ.get(ISA_ENV, "native")) != "native" else {}),
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,
