@@ -64,7 +64,7 @@ from run import (
     table,
 )
 
-from tritonllm.engine.cpu_kernels import ISA_ENV
+from tritonllm.engine import cpu_kernels
 from tritonllm.runtime.allocator import allocator_library
 
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct"
@@ -105,7 +105,7 @@ def llama_cpp_sources() -> Path:
 
 # The environment of every server in an `--isa avx2` run.
 AVX2_ENV = {
-    ISA_ENV: "avx2",
+    cpu_kernels.ISA_ENV: "avx2",
     "ATEN_CPU_CAPABILITY": "avx2",
     "MKL_ENABLE_INSTRUCTIONS": "AVX2",
     "ONEDNN_MAX_CPU_ISA": "AVX2",
@@ -113,7 +113,7 @@ AVX2_ENV = {
 
 
 def avx2_only() -> bool:
-    return os.environ.get(ISA_ENV) == "avx2"
+    return cpu_kernels.isa() == "avx2"
 
 
 def llama_server() -> Path:

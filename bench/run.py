@@ -322,7 +322,7 @@ def machine() -> dict:
     code runs at different ratios on Intel with AVX-512 and on AMD with AVX2 only."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from tritonllm.engine.cpu_kernels import ISA_ENV
+    from tritonllm.engine import cpu_kernels
 
     def installed(package: str) -> str:
         try:
@@ -337,7 +337,7 @@ def machine() -> dict:
         "cpu": names[0] if names else platform.processor() or platform.machine(),
         "isa": " ".join(f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags),
         # peers.py --isa avx2: the servers ran as on an AVX2-only CPU, whatever the CPU has
-        **({"capped_to": cap} if (cap := os.environ.get(ISA_ENV, "native")) != "native" else {}),
+        **({"capped_to": cap} if (cap := cpu_kernels.isa()) != "native" else {}),
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,

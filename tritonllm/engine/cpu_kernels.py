@@ -49,7 +49,7 @@ def native():
     `quantized_panel_linear`, `dequantize`, `DecoderLayers`), or None."""
     if os.environ.get(DISABLE_ENV):
         return None
-    target()  # a misspelt instruction set is an error, not a silent fall back to the PyTorch paths
+    isa()  # a misspelt instruction set is an error, not a silent fall back to the PyTorch paths
     try:
         return build()
     except Exception as e:  # no compiler, headers or ninja: the PyTorch path still works
@@ -57,12 +57,17 @@ def native():
         return None
 
 
+def isa() -> str:
+    """The instruction sets $TRITONLLM_CPU_ISA names (native when unset); a value outside ISAS is an error."""
+    name = os.environ.get(ISA_ENV) or "native"
+    if name not in ISAS:
+        raise ValueError(f"{ISA_ENV}={name!r}: expected one of {', '.join(ISAS)}")
+    return name
+
+
 def target() -> tuple[str, str]:
-    """The compiler's -march flag and the module's name for $TRITONLLM_CPU_ISA (native when unset)."""
-    isa = os.environ.get(ISA_ENV) or "native"
-    if isa not in ISAS:
-        raise ValueError(f"{ISA_ENV}={isa!r}: expected one of {', '.join(ISAS)}")
-    return ISAS[isa]
+    """The compiler's -march flag and the module's name for $TRITONLLM_CPU_ISA."""
+    return ISAS[isa()]
 
 
 def build():
