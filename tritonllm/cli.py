@@ -14,7 +14,7 @@ from pathlib import Path
 from .embedding import EMBEDDING_MODEL_DIR_ENV
 from .engine.config import OVERRIDES_ENV, EngineConfig, kind_of
 from .reranker import RERANK_MODEL_DIR_ENV
-from .runtime.model_config import MODEL_DIR_ENV, TOOL_CALL_PARSER_ENV
+from .runtime.model_config import EXCLUDE_INPUT_ENV, MODEL_DIR_ENV, TOOL_CALL_PARSER_ENV
 from .tokenizer import reasoning
 from .tokenizer.tool_calls import FORMATS, resolve_format_of
 
@@ -125,13 +125,18 @@ def serve(args: argparse.Namespace) -> int:
         host=triton_host,
         api_key=args.api_key,
         llm_instances=args.llm_instances,
+        decoupled=args.decoupled_mode == "true",
         without_models=("embedding",) if args.no_embedding else (),
         extra_models=(OPTIONAL_MODELS / "reranker",) if args.rerank_model_dir else (),
         exit_timeout_s=args.drain_seconds,
         # several LLMs: each one's folder is written into its staged configs, and the models load on demand
         llms=[(llm.triton, folder) for llm, folder in zip(llms, model_dirs, strict=True)] if len(llms) > 1 else [],
         load_at_start=(*loaded_first, *side_models) if len(llms) > 1 else None,
-        env={TOOL_CALL_PARSER_ENV: args.tool_call_parser, OVERRIDES_ENV: json.dumps(overrides)}
+        env={
+            TOOL_CALL_PARSER_ENV: args.tool_call_parser,
+            OVERRIDES_ENV: json.dumps(overrides),
+            EXCLUDE_INPUT_ENV: args.exclude_input_in_output,
+        }
         # several: each model's folder is in its config, and an exported $TRITONLLM_MODEL_DIR must not override it
         | {MODEL_DIR_ENV: str(model_dir) if len(llms) == 1 else ""}
         | ({RERANK_MODEL_DIR_ENV: str(Path(args.rerank_model_dir).absolute())} if args.rerank_model_dir else {})
@@ -553,6 +558,22 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="engines in the llm model, each a process with its own KV pool and a share of the cores; Triton "
         "spreads requests over them (default 1; several suit a GPU each, or many cores)",
+    )
+    p.add_argument(
+        "--decoupled-mode",
+        default="true",
+        choices=["true", "false"],
+        help="TensorRT-LLM's decoupled_mode for the models its clients call, ensemble and tensorrt_llm: true "
+        "(default) streams and refuses unary infer (501); false answers unary infer (KServe /infer, gRPC "
+        "ModelInfer, /generate) once a request and refuses streaming. The shim streams either way",
+    )
+    p.add_argument(
+        "--exclude-input-in-output",
+        default="false",
+        choices=["true", "false"],
+        help="TensorRT-LLM's parameter, for the ensemble and tensorrt_llm: what a request that sends no "
+        "exclude_input_in_output tensor gets; false (default, TensorRT-LLM's) starts a non-streaming answer "
+        "with the prompt. The shim's answers never hold it",
     )
     p.add_argument(
         "--no-shim",

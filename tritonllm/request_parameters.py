@@ -87,12 +87,13 @@ PARAMETERS: tuple[Parameter, ...] = (
               False, ensemble="stream"),
     Parameter("stream_interval", "INT32", "a streamed response every N new tokens (the first and the last at "
               "once); default: the model's stream_interval parameter", None, at_least(1)),
-    Parameter("temperature", "FP32", "0 decodes greedily; a request that sets none of temperature, top-k, top-p "
-              "and typical_p decodes greedily, as in TensorRT-LLM", None, at_least(0), field="temperature"),
+    Parameter("temperature", "FP32", "scales the logits when sampling; 0 decodes greedily. As in TensorRT-LLM, a "
+              "request samples only when it sets runtime_top_k > 1, runtime_top_p > 0, typical_p < 1 or min_p > 0; "
+              "otherwise it decodes greedily whatever its temperature", None, at_least(0), field="temperature"),
     Parameter("runtime_top_k", "INT32", "sample among the k most likely tokens; 0: all", None, at_least(0),
               ensemble="top_k", field="top_k"),
-    Parameter("runtime_top_p", "FP32", "nucleus sampling", None, within(0, 1, low_open=True),
-              ensemble="top_p", field="top_p"),
+    Parameter("runtime_top_p", "FP32", "nucleus sampling; <= 0 means unset, as in TensorRT-LLM", None,
+              Rule("<= 1", lambda v: v <= 1), ensemble="top_p", field="top_p"),
     Parameter("typical_p", "FP32", "typical-p sampling (transformers' TypicalLogitsWarper)", 1.0,
               within(0, 1, low_open=True), field="typical_p"),
     Parameter("min_p", "FP32", "keeps the tokens at least min_p times as likely as the likeliest (transformers' "

@@ -340,7 +340,7 @@ def test_ensemble_sends_each_conditional_output_only_where_it_says_something(str
     assert [r.as_numpy("prompt_log_probs_json") is not None for r in asked] == [True] + [False] * (len(asked) - 1)
     for response in asked:
         tokens = response.as_numpy("output_ids").size
-        assert response.as_numpy("output_log_probs").shape == (1, tokens)
+        assert response.as_numpy("output_log_probs").shape == (1, 1, tokens)
         assert response.as_numpy("top_token_ids").shape == response.as_numpy("top_token_texts").shape == (1, tokens, 2)
 
 

@@ -33,6 +33,54 @@ def test_any_sampling_tensor_turns_sampling_on():
     assert parse(request(temperature=np.array([[0.0]], dtype=np.float32)), VOCAB).params.greedy
 
 
+def fp32(value: float) -> np.ndarray:
+    return np.array([[value]], dtype=np.float32)
+
+
+def int32(value: int) -> np.ndarray:
+    return np.array([[value]], dtype=np.int32)
+
+
+@pytest.mark.parametrize(
+    "tensors",
+    [
+        {"temperature": fp32(1.0)},  # TensorRT-LLM's clients send temperature 1.0 with nothing else asking to sample
+        {"temperature": fp32(1.0), "runtime_top_k": int32(1), "runtime_top_p": fp32(0.0)},  # their defaults
+        {"temperature": fp32(0.7), "runtime_top_k": int32(0), "runtime_top_p": fp32(-1.0)},  # top_p <= 0: unset
+    ],
+)
+def test_tensorrt_llms_rule_decodes_greedily_unless_top_k_or_top_p_asks_to_sample(tensors):
+    params = parse(request(**tensors), VOCAB).params
+    assert params.greedy and params.top_p == 1.0
+
+
+def test_top_k_above_one_or_a_top_p_samples_at_the_temperature():
+    assert parse(request(temperature=fp32(0.7), runtime_top_k=int32(40)), VOCAB).params.temperature == pytest.approx(
+        0.7
+    )
+    sampled = parse(request(temperature=fp32(0.7), runtime_top_p=fp32(1.0)), VOCAB).params
+    assert not sampled.greedy and sampled.top_p == 1.0
+
+
+def test_beam_search_takes_a_temperature_as_tensorrt_llm_does():
+    assert parse(request(beam_width=int32(2), temperature=fp32(0.7)), VOCAB).num_samples == 2
+
+
+def test_input_lengths_strips_the_padding_after_the_prompt():
+    assert parse(
+        request(input_ids=np.array([[4, 5, 6, 0, 0]], dtype=np.int32), input_lengths=int32(3)), VOCAB
+    ).prompt_ids == [4, 5, 6]
+    assert parse(request(input_lengths=int32(3)), VOCAB).prompt_ids == [1, 2, 3]
+    with pytest.raises(ValueError, match="input_lengths"):
+        parse(request(input_lengths=int32(4)), VOCAB)
+
+
+def test_exclude_input_in_output_and_perf_metrics_arrive():
+    assert parse(request(), VOCAB).exclude_input and not parse(request(), VOCAB).perf_metrics
+    parsed = parse(request(exclude_input_in_output=False, return_perf_metrics=True), VOCAB)
+    assert not parsed.exclude_input and parsed.perf_metrics
+
+
 def test_all_processing_tensors_arrive():
     words = encode_word_list([[5, 6], [7]])
     p = parse(
@@ -87,7 +135,7 @@ def test_all_processing_tensors_arrive():
         ({"stream_interval": 0}, "stream_interval"),
         ({"beam_width": 0}, "beam_width"),
         ({"beam_width": 17}, "beam_width"),
-        ({"beam_width": 2, "temperature": 0.7}, "beam_width"),
+        ({"beam_width": 2, "runtime_top_p": 0.9}, "beam_width"),
         ({"beam_width": 2, "num_return_sequences": 3}, "num_return_sequences"),
         ({"beam_width": 2, "draft_input_ids": np.array([[5]])}, "draft_input_ids"),
         ({"beam_width": 2, "return_generation_logits": True}, "return_generation_logits"),

@@ -63,13 +63,15 @@ def test_each_llm_of_a_staged_repository_has_its_own_models_folder_and_steps(tmp
     names = TritonNames.named("second")
     staged = stage_repository(REPOSITORY, 2, without=("embedding",), llms=[(TritonNames(), first), (names, second)])
     try:
-        expected = {"ensemble", "preprocessing", "llm", "postprocessing"} | set(names.by_folder().values())
+        expected = set(TritonNames().by_folder().values()) | set(names.by_folder().values())
         assert {p.name for p in staged.iterdir()} == expected
         for own, folder in ((TritonNames(), first), (names, second)):
             for repository_folder, name in own.by_folder().items():
                 config = config_of(staged / name)
                 assert config.name == name
-                if repository_folder != "ensemble":
+                if repository_folder == "tensorrt_llm":  # the face relays to this LLM's own llm
+                    assert config.parameters["llm_model"].string_value == own.llm
+                elif repository_folder != "ensemble":
                     args = {"model_config": json.dumps({"parameters": {"model_dir": {"string_value": str(folder)}}})}
                     assert config.parameters["model_dir"].string_value == str(folder)
                     assert ModelParameters(args | {"model_repository": str(staged / name)}).get("model_dir", "") == (

@@ -54,4 +54,4 @@ def test_rows_unpack_to_what_the_llms_own_responses_postprocess_to():
         assert postprocess(Letters(), row.arrays).keys() == postprocess(Letters(), own).keys()
         for name, value in postprocess(Letters(), own).items():
             np.testing.assert_array_equal(postprocess(Letters(), row.arrays)[name], value, err_msg=name)
-    assert postprocess(Letters(), rows[0].arrays)["text_output"].tolist() == [[b"bc"]]
+    assert postprocess(Letters(), rows[0].arrays)["text_output"].tolist() == [b"bc"]

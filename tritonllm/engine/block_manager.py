@@ -75,6 +75,7 @@ class BlockManager:
         return offset > 0 and index < len(seq.block_table) and self._refs[seq.block_table[index]] > 1
 
     def free(self, seq: Sequence) -> None:
+        seq.counts.held_blocks = max(seq.counts.held_blocks, len(seq.block_table))
         for block in reversed(seq.block_table):  # the prefix's first blocks are evicted last
             self._refs[block] -= 1
             if self._refs[block] == 0:
@@ -112,6 +113,7 @@ class BlockManager:
         seq.block_table = list(blocks)
         seq.block_hashes = [self._hash_of[b] for b in blocks]
         seq.num_computed = len(blocks) * self.block_size
+        seq.counts.reused_blocks = len(blocks)
         self.prefix_queried_tokens += len(seq.token_ids)
         self.prefix_hit_tokens += seq.num_computed
 

@@ -271,6 +271,8 @@ class LLMEngine:
             self.stats.verifications += 1
             self.stats.draft_tokens += len(drafts)
             self.stats.accepted_draft_tokens += seq.accepted_drafts
+            seq.counts.draft_tokens += len(drafts)
+            seq.counts.accepted_draft_tokens += seq.accepted_drafts
             if not seq.drafts_from_request:
                 self.drafter.verified(seq, len(drafts), seq.accepted_drafts)
                 if seq.prediction:

@@ -36,6 +36,8 @@ class ParsedRequest:
     skip_special_tokens: bool  # handed on to the detokenizer
     stream_interval: int | None  # new tokens per streamed response; None: the model's stream_interval
     prediction: list[int]  # Predicted Outputs: ids the answer is expected to repeat, drafted from
+    exclude_input: bool = True  # false: a non-streaming response's output_ids start with the prompt (TensorRT-LLM)
+    perf_metrics: bool = False  # TensorRT-LLM's return_perf_metrics: KV blocks, timings, drafts in the last response
 
 
 def is_stop_request(get: TensorLookup) -> bool:
@@ -74,6 +76,8 @@ def parse(get: TensorLookup, vocab_size: int, triton_timeout_us: int = 0, hidden
         read(get, "skip_special_tokens"),
         read(get, "stream_interval"),
         _token_ids(get, "prediction_ids", vocab_size),
+        bool(scalar(get, "exclude_input_in_output", True)),
+        bool(scalar(get, "return_perf_metrics", False)),
     )
 
 
@@ -99,7 +103,9 @@ def _check_beam_search(params: SamplingParams, samples: int, drafts: list[int]) 
     width = params.beam_width
     if not params.greedy:
         raise RequestError(
-            "beam_width", f"beam_width={width} decodes deterministically: temperature must be 0 or unset"
+            "beam_width",
+            f"beam_width={width} decodes deterministically: runtime_top_k, runtime_top_p, typical_p and min_p "
+            "must be unset (or 0) with temperature > 0",
         )
     if not 1 <= samples <= width:
         raise RequestError(
@@ -153,7 +159,13 @@ def _prompt(get: TensorLookup) -> list[int]:
         raise RequestError(
             "input_ids", f"input_ids must be [1, num_input_tokens]; one sequence per request, got {list(ids.shape)}"
         )
-    return ids.reshape(-1).astype(np.int64).tolist()
+    ids = ids.reshape(-1).astype(np.int64).tolist()
+    length = scalar(get, "input_lengths")
+    if length is None:
+        return ids
+    # TensorRT-LLM's required companion of input_ids: the prompt's length, padding after it stripped
+    _check("input_lengths", length, 1 <= length <= len(ids), f"in [1, {len(ids)}] (input_ids' length)")
+    return ids[:length]
 
 
 def _check(name: str, value, ok: bool, rule: str) -> None:
@@ -182,10 +194,13 @@ def _params(get: TensorLookup, vocab_size: int) -> SamplingParams:
 
     temperature, top_k, top_p = read(get, "temperature"), read(get, "runtime_top_k"), read(get, "runtime_top_p")
     typical_p, min_p = read(get, "typical_p"), read(get, "min_p")
-    sampled = temperature is not None or top_k is not None or top_p is not None or typical_p < 1.0 or min_p > 0
+    if top_p is not None and top_p <= 0:
+        top_p = None  # TensorRT-LLM reads top_p <= 0 as unset (0.0 is its clients' default)
+    # TensorRT-LLM's rule: greedy unless top-k or top-p asks to sample, whatever the temperature (its clients
+    # send temperature 1.0 with top_k 1 or 0 for greedy output); typical_p and min_p are samplers too.
+    sampled = (top_k or 0) > 1 or top_p is not None or typical_p < 1.0 or min_p > 0
     return SamplingParams(
         max_tokens=int(max_tokens),
-        # As in TensorRT-LLM, a request that sets none of the sampling tensors decodes greedily.
         temperature=(1.0 if temperature is None else temperature) if sampled else 0.0,
         top_k=top_k or 0,
         top_p=1.0 if top_p is None else top_p,

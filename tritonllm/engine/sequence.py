@@ -23,6 +23,16 @@ if TYPE_CHECKING:
 _next_seq_id = itertools.count()
 
 
+@dataclass
+class KvAndDraftCounts:
+    """What TensorRT-LLM's per-request perf metrics report beside the timings (return_perf_metrics)."""
+
+    reused_blocks: int = 0  # KV blocks taken from the prefix cache
+    held_blocks: int = 0  # the most KV blocks it held (read when they are freed)
+    draft_tokens: int = 0  # drafts verified, over the whole generation
+    accepted_draft_tokens: int = 0
+
+
 class SequenceStatus(Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -73,6 +83,7 @@ class Sequence:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None  # when it began to stream (the scheduler's prefill cap protects it)
     last_token_time: float | None = None  # set when it first runs, then at every token
+    counts: KvAndDraftCounts = field(default_factory=KvAndDraftCounts)
     generator: torch.Generator | None = field(init=False, default=None)
     # Reported back when the request asks (see SamplingParams).
     logprobs: list[float] = field(default_factory=list)

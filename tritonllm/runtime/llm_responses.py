@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -133,6 +134,9 @@ class Responder:
         self.detokenizing = {"skip_special_tokens": np.array([[request.skip_special_tokens]])}
         self.beams = beams
         self.pacing = pacing
+        # TensorRT-LLM's rule: unless excluded, a non-streaming response's output_ids start with the prompt
+        self.echoed = [] if request.streaming or request.exclude_input else list(request.prompt_ids)
+        self.perf_metrics = request.perf_metrics
 
     def __call__(self, out) -> None:
         seq = out.seq
@@ -154,6 +158,9 @@ class Responder:
         stop_word = matched_word(seq.output_ids, seq.params.stop_words) if out.finished else None
         if stop_word and not self.include_stop_words:
             new = new[: max(0, len(new) - len(stop_word))]
+        num_new = len(new)
+        if self.echoed:
+            new, preceding = self.echoed + list(new), []
         arrays = {
             "output_ids": np.array(new, dtype=np.int32).reshape(1, 1, len(new)),
             "sequence_length": np.array([[len(new)]], dtype=np.int32),
@@ -162,9 +169,11 @@ class Responder:
             "sequence_index": np.array([[seq.sample_index]], dtype=np.int32),
             "stop_token": np.array([[stop_word[-1] if stop_word else -1]], dtype=np.int32),
             **self._status(out),
-            **self._requested(seq, len(new)),
+            **self._requested(seq, num_new),
         }
         if out.finished:
+            if self.perf_metrics:
+                arrays.update(perf_metrics(seq))
             self.channel.on_finished(seq.finish_reason)
             self.group.unfinished -= 1
         stream_key = (id(self.channel.sender), seq.sample_index) if self.streaming else None
@@ -175,15 +184,16 @@ class Responder:
         so even a streaming request gets them whole)."""
         seq = out.seq
         best = seq.beam.results()[: self.beams]
-        width = max(len(h.output_ids) for h in best)
+        beams = [self.echoed + list(h.output_ids) for h in best]
         pad = seq.params.pad_id
 
         def padded(rows, dtype, fill):
+            width = max(len(r) for r in rows)
             return np.array([list(r) + [fill] * (width - len(r)) for r in rows], dtype=dtype)[None]
 
         arrays = {
-            "output_ids": padded([h.output_ids for h in best], np.int32, pad),
-            "sequence_length": np.array([[len(h.output_ids) for h in best]], dtype=np.int32),
+            "output_ids": padded(beams, np.int32, pad),
+            "sequence_length": np.array([[len(b) for b in beams]], dtype=np.int32),
             "preceding_ids": np.zeros((1, 0), dtype=np.int32),
             "num_output_tokens": np.array([[len(best[0].output_ids)]], dtype=np.int32),
             "sequence_index": np.array([[0]], dtype=np.int32),
@@ -195,6 +205,8 @@ class Responder:
             arrays["cum_log_probs"] = np.array([[h.cum_log_prob for h in best]], dtype=np.float32)
         if seq.params.return_context_logits and seq.context_logits:
             arrays["context_logits"] = torch.stack(seq.context_logits).numpy()[None]
+        if self.perf_metrics:
+            arrays.update(perf_metrics(seq))
         self.channel.on_finished(seq.finish_reason)
         self._put(arrays, final=True)
 
@@ -237,6 +249,32 @@ class Responder:
         if p.return_generation_logits and num_new:
             arrays["generation_logits"] = torch.stack(seq.generation_logits[first:]).numpy()[None, None]
         return arrays
+
+
+def perf_metrics(seq) -> dict[str, np.ndarray]:
+    """TensorRT-LLM's per-request perf outputs (return_perf_metrics), for a sequence that has ended: its KV
+    blocks (taken new, from the prefix cache, and in all, as TensorRT-LLM counts them: new and total alike
+    leave the reused ones out), its timings on the wall clock in ns, and its drafts' acceptance."""
+    now_ns, now = time.time_ns(), time.monotonic()
+
+    def wall_ns(t: float | None) -> int:
+        return 0 if t is None else now_ns - int((now - t) * 1e9)
+
+    counts = seq.counts
+    new_blocks = max(0, max(counts.held_blocks, len(seq.block_table)) - counts.reused_blocks)
+    values = {
+        "kv_cache_alloc_new_blocks": (new_blocks, np.int32),
+        "kv_cache_reused_blocks": (counts.reused_blocks, np.int32),
+        "kv_cache_alloc_total_blocks": (new_blocks, np.int32),
+        "arrival_time_ns": (wall_ns(seq.arrival_time), np.int64),
+        "first_scheduled_time_ns": (wall_ns(seq.first_scheduled_time), np.int64),
+        "first_token_time_ns": (wall_ns(seq.first_token_time), np.int64),
+        "last_token_time_ns": (wall_ns(seq.last_token_time), np.int64),
+        "acceptance_rate": (counts.accepted_draft_tokens / max(1, counts.draft_tokens), np.float32),
+        "total_accepted_draft_tokens": (counts.accepted_draft_tokens, np.int32),
+        "total_draft_tokens": (counts.draft_tokens, np.int32),
+    }
+    return {name: np.array([[value]], dtype=dtype) for name, (value, dtype) in values.items()}
 
 
 def _prompt_log_probs(seq) -> np.ndarray:

@@ -11,6 +11,8 @@ from . import gguf
 
 MODEL_DIR_ENV = "TRITONLLM_MODEL_DIR"
 TOOL_CALL_PARSER_ENV = "TRITONLLM_TOOL_CALL_PARSER"  # overrides preprocessing's tool_call_parser parameter
+# overrides the exclude_input_in_output parameter of preprocessing (the ensemble's default) and tensorrt_llm
+EXCLUDE_INPUT_ENV = "TRITONLLM_EXCLUDE_INPUT_IN_OUTPUT"
 
 
 class ModelParameters:
@@ -41,6 +43,13 @@ class ModelParameters:
 
     def bool(self, name: str, default: bool) -> bool:
         return self.get(name, str(default)).strip().lower() in ("1", "true", "yes", "on")
+
+    def exclude_input_in_output(self) -> bool:
+        """TensorRT-LLM's model parameter: the value of a request that sends no exclude_input_in_output tensor
+        (false there when unset: a non-streaming answer starts with the prompt). `serve` sets it for both
+        models that take it through the environment."""
+        given = os.environ.get(EXCLUDE_INPUT_ENV) or self.get("exclude_input_in_output", "false")
+        return given.strip().lower() in ("1", "true", "yes", "on")
 
     def model_dir(self) -> Path:
         """The `TRITONLLM_MODEL_DIR` environment variable, else the `model_dir` parameter: an HF directory, or a

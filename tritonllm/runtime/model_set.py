@@ -1,10 +1,10 @@
 """Several LLMs in one tritonserver, each served by name (llama.cpp's router mode, on Triton's model repository).
 
-Each LLM is the repository's four models under names of its own: the first keeps the repository's names
-(`ensemble`, `preprocessing`, `llm`, `postprocessing`), so Triton clients and perf_analyzer reach it as before;
-every other is the ensemble named after it (`tiny`) with its steps beside it (`tiny-preprocessing`, `tiny-llm`,
-`tiny-postprocessing`). The staged repository holds a copy of each config.pbtxt with those names and the model's
-folder written in, and links to everything else.
+Each LLM is the repository's five models under names of its own: the first keeps the repository's names
+(`ensemble`, `preprocessing`, `llm`, `postprocessing`, `tensorrt_llm`), so Triton clients and perf_analyzer reach
+it as before; every other is the ensemble named after it (`tiny`) with its steps beside it (`tiny-preprocessing`,
+`tiny-llm`, `tiny-postprocessing`, `tiny-tensorrt_llm`). The staged repository holds a copy of each config.pbtxt
+with those names and the model's folder written in, and links to everything else.
 """
 
 from __future__ import annotations
@@ -26,10 +26,17 @@ class TritonNames:
     preprocessing: str = "preprocessing"
     llm: str = "llm"
     postprocessing: str = "postprocessing"
+    tensorrt_llm: str = "tensorrt_llm"  # TensorRT-LLM's ids-level face over llm (runtime/tensorrt_llm_face.py)
 
     @classmethod
     def named(cls, ensemble: str) -> TritonNames:
-        return cls(ensemble, f"{ensemble}-preprocessing", f"{ensemble}-llm", f"{ensemble}-postprocessing")
+        return cls(
+            ensemble,
+            f"{ensemble}-preprocessing",
+            f"{ensemble}-llm",
+            f"{ensemble}-postprocessing",
+            f"{ensemble}-tensorrt_llm",
+        )
 
     def by_folder(self) -> dict[str, str]:
         """The repository's folder of each model -> its name for this LLM."""
@@ -38,6 +45,7 @@ class TritonNames:
             "preprocessing": self.preprocessing,
             "llm": self.llm,
             "postprocessing": self.postprocessing,
+            "tensorrt_llm": self.tensorrt_llm,
         }
 
 
@@ -101,4 +109,5 @@ def renamed_config(config: str, names: TritonNames, model_dir: Path) -> str:
     """A model's config.pbtxt for one LLM of the set: its own name, its ensemble's steps and its model folder."""
     config = re.sub(r'^name: "(\w+)"', lambda m: f'name: "{names.by_folder()[m.group(1)]}"', config, flags=re.M)
     config = re.sub(r'model_name: "(\w+)"', lambda m: f'model_name: "{names.by_folder()[m.group(1)]}"', config)
+    config = re.sub(r'(key: "llm_model" value: \{ string_value: )"\w+"', lambda m: f'{m.group(1)}"{names.llm}"', config)
     return re.sub(r'(key: "model_dir" value: \{ string_value: )"[^"]*"', lambda m: f'{m.group(1)}"{model_dir}"', config)

@@ -2,7 +2,8 @@
 
 `make configs` (python -m tritonllm.runtime.parameter_configs) rewrites them in place; `--check` exits 1 when a
 file differs from what the declarations make, and tests/unit/test_request_parameters.py fails the same way.
-Each section sits between a BEGIN and an END marker line; everything outside them is written by hand.
+Each section sits between a BEGIN and an END marker line; everything outside them is written by hand. The
+tensorrt_llm face's tensors are copied from llm's config the same way.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from pathlib import Path
 from ..request_parameters import PARAMETERS, Parameter
 
 ROOT = Path(__file__).resolve().parents[2]
-BEGIN = "BEGIN generated from tritonllm/request_parameters.py: edit there, then run `make configs`"
+BEGIN_PREFIX = "BEGIN generated from "
+BEGIN = BEGIN_PREFIX + "tritonllm/request_parameters.py: edit there, then run `make configs`"
 END = "END generated"
 
 
@@ -50,6 +52,38 @@ def ensemble_llm_map() -> list[str]:
     return [f'      input_map {{ key: "{p.name}" value: "{p.ensemble_name}" }}' for p in PARAMETERS]
 
 
+LLM_CONFIG = "model_repository/llm/config.pbtxt"
+# llm tensors the tensorrt_llm face declares with TensorRT-LLM's types, or does not take (the shim's channel)
+NOT_ON_THE_FACE = {"early_stopping", "lora_weights", "mux_open", "mux_channel"}
+
+
+def llm_tensor_entries(kind: str) -> list[list[str]]:
+    """The llm config's `input` or `output` entries, each with the comment lines above it."""
+    lines = (ROOT / LLM_CONFIG).read_text().splitlines()
+    start = lines.index(f"{kind} [")
+    entries, comments = [], []
+    for line in lines[start + 1 : lines.index("]", start)]:
+        text = line.strip()
+        if BEGIN_PREFIX in text or END in text:
+            continue
+        if text.startswith("#"):
+            comments.append(text)
+        elif text.startswith("{ name:"):
+            name = text.split('"')[1]
+            if name not in NOT_ON_THE_FACE and not name.startswith("mux_"):
+                entries.append([*comments, text.rstrip(",")])
+            comments = []
+    return entries
+
+
+def face_inputs() -> list[str]:
+    return _entries(llm_tensor_entries("input"), "  ")
+
+
+def face_outputs() -> list[str]:
+    return _entries(llm_tensor_entries("output"), "  ")
+
+
 def docs_table() -> list[str]:
     rows = [
         "| `llm` tensor | ensemble input | type | default | must be | shim field | what it does |",
@@ -72,6 +106,7 @@ def _description(p: Parameter) -> str:
 SECTIONS: dict[str, list[Callable[[], list[str]]]] = {
     "model_repository/llm/config.pbtxt": [llm_inputs],
     "model_repository/ensemble/config.pbtxt": [ensemble_inputs, ensemble_llm_map],
+    "model_repository/tensorrt_llm/config.pbtxt": [face_inputs, face_outputs],
     "docs/tensors.md": [docs_table],
 }
 
@@ -84,14 +119,14 @@ def generated(path: str) -> str:
     i = 0
     while i < len(lines):
         out.append(lines[i])
-        if BEGIN in lines[i]:
+        if BEGIN_PREFIX in lines[i]:
             make = next(sections)
             end = next(j for j in range(i, len(lines)) if END in lines[j])
             out += make() + [lines[end]]
             i = end
         i += 1
     if next(sections, None) is not None:
-        raise ValueError(f"{path} lacks a '{BEGIN}' marker")
+        raise ValueError(f"{path} lacks a '{BEGIN_PREFIX}' marker")
     return "\n".join(out) + "\n"
 
 

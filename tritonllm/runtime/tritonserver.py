@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import decoupled_mode
 from .allocator import with_allocator
 from .model_set import TritonNames, renamed_config
 
@@ -183,6 +184,9 @@ class TritonServer:
     extra_models: tuple[Path, ...] = ()  # model folders from outside the repository it loads too
     # several LLMs (model_set.py): each one's Triton names and model folder; empty: the repository's one LLM
     llms: list[tuple[TritonNames, Path]] = field(default_factory=list)
+    # TensorRT-LLM's decoupled_mode for tensorrt_llm and the ensemble: false answers unary infer, refuses
+    # streaming (runtime/decoupled_mode.py); llm stays decoupled either way
+    decoupled: bool = True
     # Triton's explicit model control: only these models load at start, the others when a client asks
     # (the repository API); None: every model loads at start and the repository cannot be changed
     load_at_start: tuple[str, ...] | None = None
@@ -253,9 +257,14 @@ class TritonServer:
         busy = [p for p in (self.http_port, self.grpc_port, self.metrics_port) if not port_is_free(self.host, p)]
         if busy:
             raise ServerError(f"port(s) {busy} on {self.host} are in use; pick others (--http-port ...)")
-        if self.llm_instances != 1 or self.without_models or self.llms or self.extra_models:
+        if self.llm_instances != 1 or self.without_models or self.llms or self.extra_models or not self.decoupled:
             self._staged = stage_repository(
-                self.model_repository, self.llm_instances, self.without_models, self.llms, self.extra_models
+                self.model_repository,
+                self.llm_instances,
+                self.without_models,
+                self.llms,
+                self.extra_models,
+                self.decoupled,
             )
         self.process = subprocess.Popen(
             self.command(),
@@ -402,34 +411,40 @@ def stage_repository(
     without: tuple[str, ...] = (),
     llms: list[tuple[TritonNames, Path]] = (),
     extra: tuple[Path, ...] = (),
+    decoupled: bool = True,
 ) -> Path:
     """A copy of the model repository, made of links, without the models named in `without` and whose llm runs
     `count` instances: Triton reads instance counts only from config.pbtxt. With `llms` (names, model folder),
-    the repository's four LLM models once per LLM under its names, each config with its folder written in
-    (model_set.py). `extra`: model folders from elsewhere (optional_models/) linked in. (The models find the
-    real repository through their version folders' links, model_config.ModelParameters.)"""
+    the repository's LLM models once per LLM under its names, each config with its folder written in
+    (model_set.py). `extra`: model folders from elsewhere (optional_models/) linked in. `decoupled` false:
+    tensorrt_llm and the ensemble answer unary requests (decoupled_mode.py). (The models find the real
+    repository through their version folders' links, model_config.ModelParameters.)"""
     if count < 1:
         raise ServerError(f"llm_instances must be >= 1, got {count}")
     repository = repository.resolve()
     staged = Path(tempfile.mkdtemp(prefix="tritonllm-repository-"))
     own = TritonNames().by_folder()
+    written = llms or ([(TritonNames(), None)] if count > 1 or not decoupled else [])
     for model in repository.iterdir():
-        if model.name not in without and not (llms and model.name in own):
+        if model.name not in without and not (written and model.name in own):
             (staged / model.name).symlink_to(model)
     for model in extra:
         (staged / model.name).symlink_to(model.resolve())
-    for names, model_dir in llms:
+    for names, model_dir in written:
         for folder, name in names.by_folder().items():
-            config = renamed_config((repository / folder / "config.pbtxt").read_text(), names, model_dir)
-            _staged_model(
-                staged / name, repository / folder, _with_instances(config, count) if folder == "llm" else config
-            )
-    if count > 1 and not llms:
-        _staged_model(
-            staged / "llm",
-            repository / "llm",
-            _with_instances((repository / "llm" / "config.pbtxt").read_text(), count),
-        )
+            config = original = (repository / folder / "config.pbtxt").read_text()
+            if model_dir is not None:
+                config = renamed_config(config, names, model_dir)
+            if folder == "llm":
+                config = _with_instances(config, count)
+            elif folder == "tensorrt_llm" and not decoupled:
+                config = decoupled_mode.unary_face(config)
+            elif folder == "ensemble" and not decoupled:
+                config = decoupled_mode.unary_ensemble(config, names)
+            if config == original:
+                (staged / name).symlink_to(repository / folder)
+            else:
+                _staged_model(staged / name, repository / folder, config)
     return staged
 
 

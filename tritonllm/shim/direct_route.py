@@ -37,7 +37,14 @@ class DirectRoute:
         postprocessing not reading the llm's outputs under their own names or not writing the ensemble's under
         theirs, or no snapshot."""
         steps = list(ensemble_config.ensemble_scheduling.step)
-        expected = [names.preprocessing, names.llm, names.postprocessing]
+        # the middle step is tensorrt_llm, TensorRT-LLM's face over llm, in a unary deployment
+        # (runtime/decoupled_mode.py): the shim streams from llm itself either way
+        middle = steps[1].model_name if len(steps) == 3 else None
+        expected = [
+            names.preprocessing,
+            middle if middle in (names.llm, names.tensorrt_llm) else names.llm,
+            names.postprocessing,
+        ]
         if [s.model_name for s in steps] != expected or not tokenizer_snapshot:
             return None
         pre, llm, post = steps

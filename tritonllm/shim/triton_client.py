@@ -115,11 +115,20 @@ class GenerationRequest:
     def inputs(self) -> list[grpcclient.InferInput]:
         return _infer_inputs(self.tensors())
 
+    def _sent(self, name: str):
+        """A field's value as sent. The llm samples only when top-k or top-p asks it to (TensorRT-LLM's rule),
+        so a request that samples by its temperature alone (OpenAI's) sends the whole vocabulary's top_p."""
+        if name == "top_p" and self.top_p is None and (self.temperature or 0) > 0:
+            return 1.0
+        return getattr(self, name)
+
     def tensors(self) -> list[Tensor]:
         """The ensemble's inputs."""
         tensors: list[Tensor] = [
             ("max_tokens", "INT32", np.array([[self.max_tokens]], dtype=np.int32)),
             ("stream", "BOOL", np.array([[self.stream]], dtype=bool)),
+            # the API's answers never repeat the prompt (TensorRT-LLM's default would, in a whole answer)
+            ("exclude_input_in_output", "BOOL", np.array([[True]], dtype=bool)),
         ]
         if self.messages is not None:
             tensors.append(("chat_messages", "BYTES", _bytes(json.dumps(self.messages))))
@@ -136,7 +145,7 @@ class GenerationRequest:
             tensors.append(("prompt_token_ids", "INT32", np.array([self.prompt_ids], dtype=np.int32)))
         else:
             tensors.append(("text_input", "BYTES", _bytes(self.text or "")))
-        declared = [(p.ensemble_name, p.wire, getattr(self, p.field)) for p in request_parameters.PARAMETERS if p.field]
+        declared = [(p.ensemble_name, p.wire, self._sent(p.field)) for p in request_parameters.PARAMETERS if p.field]
         tensors += [(name, wire, _scalar(wire, value)) for name, wire, value in declared if value is not None]
         preprocessing = [
             ("ignore_eos", self.ignore_eos),

@@ -56,6 +56,9 @@ def postprocess(tokenizer, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarra
 
     Outputs that would carry nothing are left out (see CONDITIONAL): every tensor costs each hop of every streamed
     token, and a client reads a missing output as None."""
+    missing = [name for name in ("output_ids", "preceding_ids", response_status.NAME) if name not in inputs]
+    if missing:
+        raise RequestError(missing[0], f"{missing[0]} is required (or TOKENS_BATCH with SEQUENCE_LENGTH)")
     status = response_status.unpack(inputs[response_status.NAME])
     beams = inputs["output_ids"][0]  # [beam, tokens]
     lengths = status["sequence_length"][0].tolist()
@@ -74,7 +77,8 @@ def postprocess(tokenizer, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarra
             raise RequestError("output_ids", f"output_ids holds token ids outside [0, {vocab}): {outside[:5]}")
     decode = tokenizer.decode
     outputs = {
-        "text_output": _strings(texts)[None],
+        # [beams], as tensorrtllm_backend's postprocessing answers (its clients read text_output[0])
+        "text_output": _strings(texts),
         "output_ids": np.array([ids], dtype=np.int32),
         # each token's own text (a reasoning parser counts the tokens of the thinking by it)
         "token_texts": _strings(decode([t]) for t in ids)[None],
@@ -100,7 +104,7 @@ def _log_probs(decode, inputs: dict[str, np.ndarray], num_tokens: int) -> dict[s
         return {}
     top_texts = [[decode([int(t)]).encode() for t in row] for row in top_ids]
     return {
-        "output_log_probs": log_probs[None],
+        "output_log_probs": log_probs[None, None],  # [1, beams, tokens] as TensorRT-LLM's, of the first beam
         "top_log_probs": inputs.get("top_log_probs", EMPTY_TOP)[0, 0][:num_tokens][None],
         "top_token_texts": np.array(top_texts, dtype=np.object_).reshape(top_ids.shape)[None],
         "top_token_ids": top_ids.astype(np.int32)[None],

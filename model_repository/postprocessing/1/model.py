@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import triton_python_backend_utils as pb_utils
 
 from tritonllm.errors import RequestError
+from tritonllm.runtime import tensorrt_llm_face
 from tritonllm.runtime.allocator import release_free_memory
 from tritonllm.runtime.model_config import ModelParameters
 from tritonllm.tokenizer.backend_tokenizer import load_backend_tokenizer
@@ -23,8 +26,18 @@ class TritonPythonModel:
     def _one(self, request):
         # one pass over the inputs: this runs for every streamed token of every request
         inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
+        if "TOKENS_BATCH" in inputs:  # tensorrtllm_backend's postprocessing, called on its own
+            return self._tensorrt_llm(inputs)
         try:
             outputs = postprocess(self.tokenizer, inputs)
         except RequestError as error:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(error.wire()))
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in outputs.items()])
+
+    def _tensorrt_llm(self, inputs: dict):
+        if "SEQUENCE_LENGTH" not in inputs:
+            error = RequestError("SEQUENCE_LENGTH", "SEQUENCE_LENGTH is required with TOKENS_BATCH")
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(error.wire()))
+        decode = partial(self.tokenizer.decode, skip_special_tokens=True)
+        text = tensorrt_llm_face.postprocessing_output(decode, inputs["TOKENS_BATCH"], inputs["SEQUENCE_LENGTH"])
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT", text)])

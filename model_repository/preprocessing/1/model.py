@@ -10,6 +10,7 @@ from jinja2 import TemplateError
 
 from tritonllm import errors
 from tritonllm.errors import RequestError
+from tritonllm.runtime import tensorrt_llm_face
 from tritonllm.runtime.allocator import release_free_memory
 from tritonllm.runtime.model_config import (
     TOOL_CALL_PARSER_ENV,
@@ -48,8 +49,19 @@ RENDER_ARGUMENTS = frozenset(
 )
 
 
-def _string(request, name: str) -> str | None:
+THEIR_NAME = {ours: theirs for theirs, ours in tensorrt_llm_face.PREPROCESSING_INPUTS.items()}
+
+
+def _tensor(request, name: str):
+    """An input by our name, or by the name tensorrtllm_backend's preprocessing gives it (QUERY, ...)."""
     tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None and name in THEIR_NAME:
+        return pb_utils.get_input_tensor_by_name(request, THEIR_NAME[name])
+    return tensor
+
+
+def _string(request, name: str) -> str | None:
+    tensor = _tensor(request, name)
     if tensor is None:
         return None
     value = tensor.as_numpy().reshape(-1)
@@ -59,22 +71,22 @@ def _string(request, name: str) -> str | None:
 
 
 def _int(request, name: str, default: int) -> int:
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    tensor = _tensor(request, name)
     return default if tensor is None else int(tensor.as_numpy().reshape(-1)[0])
 
 
 def _bool(request, name: str, default: bool | None) -> bool | None:
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    tensor = _tensor(request, name)
     return default if tensor is None else bool(tensor.as_numpy().reshape(-1)[0])
 
 
 def _ids(request, name: str) -> list[int]:
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    tensor = _tensor(request, name)
     return [] if tensor is None else tensor.as_numpy().reshape(-1).astype(np.int64).tolist()
 
 
 def _floats(request, name: str) -> list[float]:
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    tensor = _tensor(request, name)
     return [] if tensor is None else tensor.as_numpy().reshape(-1).tolist()
 
 
@@ -109,6 +121,7 @@ class TritonPythonModel:
         }
         self.max_prompt_tokens = min(self.limits.values())
         self.context = min(params.int("max_seq_len", 1 << 31), positions)  # prompt and generated tokens
+        self.exclude_input = params.exclude_input_in_output()
         release_free_memory()  # the tokenizer's and the template's load
 
     def execute(self, requests: list) -> list:
@@ -122,11 +135,6 @@ class TritonPythonModel:
             snapshot = cached_snapshot(self.model_dir) or ""
             return pb_utils.InferenceResponse([pb_utils.Tensor("tokenizer_snapshot", _strings_array([snapshot]))])
         try:
-            if not _bool(request, "exclude_input_in_output", True):
-                raise RequestError(
-                    "exclude_input_in_output",
-                    "exclude_input_in_output: false is not supported; text_output never repeats the input",
-                )
             max_tokens = _int(request, "max_tokens", self.default_max_tokens)
             if max_tokens < 1:
                 raise RequestError("max_tokens", f"max_tokens must be >= 1, got {max_tokens}")
@@ -152,35 +160,39 @@ class TritonPythonModel:
             extra.append(pb_utils.Tensor("token_strs", _strings_array(tok.convert_ids_to_tokens(ids))))
         if "context_len" in wanted:
             extra.append(pb_utils.Tensor("context_len", np.array([[self.context]], dtype=np.int32)))
-        return pb_utils.InferenceResponse(
-            output_tensors=extra
-            + [
-                pb_utils.Tensor("input_ids", np.array([ids], dtype=np.int32)),
-                pb_utils.Tensor("request_output_len", np.array([[max_tokens]], dtype=np.int32)),
-                pb_utils.Tensor("end_id", np.array([[end_id]], dtype=np.int32)),
-                pb_utils.Tensor("pad_id", np.array([[pad_id]], dtype=np.int32)),
-                pb_utils.Tensor("bad_words_list", bad_words[None]),
-                pb_utils.Tensor("stop_words_list", stop_words[None]),
-                pb_utils.Tensor("embedding_bias", bias[None]),
-                pb_utils.Tensor("prediction_ids", np.array([prediction_ids], dtype=np.int32)),
-                pb_utils.Tensor("thinking_start_ids", np.array([thinking_start_ids], dtype=np.int32)),
-                pb_utils.Tensor("thinking_end_ids", np.array([thinking_end_ids], dtype=np.int32)),
-            ]
-        )
+        ours = {
+            "input_ids": np.array([ids], dtype=np.int32),
+            "request_output_len": np.array([[max_tokens]], dtype=np.int32),
+            "end_id": np.array([[end_id]], dtype=np.int32),
+            "pad_id": np.array([[pad_id]], dtype=np.int32),
+            "bad_words_list": bad_words[None],
+            "stop_words_list": stop_words[None],
+            "embedding_bias": bias[None],
+            "prediction_ids": np.array([prediction_ids], dtype=np.int32),
+            "thinking_start_ids": np.array([thinking_start_ids], dtype=np.int32),
+            "thinking_end_ids": np.array([thinking_end_ids], dtype=np.int32),
+            # the request's, else the model's parameter (TensorRT-LLM's: false echoes the prompt)
+            "exclude_input_in_output": np.array(
+                [[_bool(request, "exclude_input_in_output", self.exclude_input)]], dtype=bool
+            ),
+        }
+        theirs = tensorrt_llm_face.preprocessing_outputs(ours, wanted)  # for tensorrtllm_backend's clients
+        tensors = [pb_utils.Tensor(name, array) for name, array in {**ours, **theirs}.items()]
+        return pb_utils.InferenceResponse(output_tensors=extra + tensors)
 
     def _thinking_tags(self, request, ids: list[int]) -> tuple[list[int], list[int]]:
         """With a thinking_budget or thinking_open, the ids of the tags the llm follows the thinking block by: the
         opening one (none when the answer starts inside the block) and the closing one."""
         inside = _bool(request, "thinking_open", None)
         if inside is None:
-            if pb_utils.get_input_tensor_by_name(request, "thinking_budget") is None:
+            if _tensor(request, "thinking_budget") is None:
                 return [], []
             inside = leaves_block_open(self.tokenizer.decode(ids))
         opening, closing = self.thinking_tags
         return ([] if inside else opening), closing
 
     def _words(self, request, name: str) -> list[str]:
-        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        tensor = _tensor(request, name)
         if tensor is None:
             return []
         return strings(tensor.as_numpy())
@@ -251,7 +263,7 @@ class TritonPythonModel:
             if tools and not self.template_renders_tools:
                 conversation, tools = with_tools_in_prompt(conversation, tools, self.tool_format), None
             ids = self._render(request, conversation, tools)
-        elif pb_utils.get_input_tensor_by_name(request, "prompt_token_ids") is not None:
+        elif _tensor(request, "prompt_token_ids") is not None:
             ids = _ids(request, "prompt_token_ids")
             self._check_ids("prompt_token_ids", ids)
         else:

@@ -1,0 +1,155 @@
+"""TensorRT-LLM's `tensorrt_llm` model: each request relayed to the engine's model `llm` (a BLS call), its
+answers given TensorRT-LLM's rules (tritonllm/runtime/tensorrt_llm_face.py).
+
+Decoupled or not as the config says (`serve --decoupled-mode`, TensorRT-LLM's `decoupled_mode`): either way
+`execute()` hands each request to a thread of its own and returns, and that thread answers through the request's
+response sender (one response, FINAL, without the decoupled policy), so unary requests batch in the engine as
+streamed ones do. A request whose client went away is stopped in the llm by its request id.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from tritonllm import errors
+from tritonllm.runtime import tensorrt_llm_face
+from tritonllm.runtime.model_config import ModelParameters
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+CANCEL_POLL_S = 0.1
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        params = ModelParameters(args)
+        self.llm = params.get("llm_model", "llm")
+        self.exclude_input_default = params.exclude_input_in_output()
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(params.config)
+        self.outputs = [o["name"] for o in params.config["output"]]
+        self.live: dict[str, object] = {}  # the llm request id of each relayed generation -> its client's sender
+        self.lock = threading.Lock()
+        self.closing = threading.Event()
+        threading.Thread(target=self._watch_cancellations, name="tensorrt_llm-cancel", daemon=True).start()
+
+    def execute(self, requests: list) -> None:
+        for request in requests:
+            threading.Thread(target=self._relay, args=(request,), daemon=True).start()
+
+    def finalize(self) -> None:
+        self.closing.set()
+
+    def _relay(self, request) -> None:
+        sender = request.get_response_sender()
+        inputs = {t.name(): t.as_numpy() for t in request.inputs()}
+        try:
+            rows = tensorrt_llm_face.generations(inputs, self.exclude_input_default, self.decoupled)
+        except ValueError as e:
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(errors.to_message(e))), flags=FINAL)
+            return
+        if "stop" in inputs or "pause" in inputs:  # the llm's control requests pass through as they are
+            rows = rows[:1]
+        wanted = frozenset(request.requested_output_names() or self.outputs)
+        request_id = request.request_id() or uuid.uuid4().hex
+        ending = _Ending(len(rows), sender, self.decoupled)
+        threads = [
+            threading.Thread(
+                target=self._generate, args=(row, i if len(rows) > 1 else None, wanted, request_id, ending)
+            )
+            for i, row in enumerate(rows)
+        ]
+        for thread in threads:
+            thread.start()
+
+    def _generate(self, row: dict, batch_index: int | None, wanted: frozenset[str], request_id: str, ending) -> None:
+        generation = tensorrt_llm_face.Generation(
+            wanted,
+            _end_id(row),
+            batch_index,
+            1 if _scalar(row, "beam_width", 1) > 1 else _scalar(row, "num_return_sequences", 1),
+        )
+        llm_request = pb_utils.InferenceRequest(
+            model_name=self.llm,
+            inputs=[pb_utils.Tensor(name, array) for name, array in row.items()],
+            requested_output_names=sorted(
+                (wanted & set(self.outputs)) - {"batch_index"} | set(tensorrt_llm_face.RELAY_OUTPUTS)
+            ),
+            request_id=request_id,
+        )
+        with self.lock:
+            self.live.setdefault(request_id, ending.sender)
+        try:
+            for response in llm_request.exec(decoupled=True):
+                if response.has_error():
+                    ending.send(pb_utils.InferenceResponse(error=response.error()), last=True)
+                    return
+                arrays = {t.name(): t.as_numpy() for t in response.output_tensors()}
+                if "finish_reason" not in arrays:  # an empty FINAL, or a control request's answer
+                    continue
+                answer = generation.response(arrays)
+                ending.send(
+                    pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in answer.items()]), last=generation.done
+                )
+                if generation.done:
+                    return
+        finally:
+            ending.close_if_open()
+            with self.lock:
+                self.live.pop(request_id, None)
+
+    def _watch_cancellations(self) -> None:
+        while not self.closing.wait(CANCEL_POLL_S):
+            with self.lock:
+                gone = [rid for rid, sender in self.live.items() if sender.is_cancelled()]
+            for request_id in gone:
+                stop = pb_utils.InferenceRequest(
+                    model_name=self.llm,
+                    inputs=[pb_utils.Tensor("stop", np.array([[True]]))],
+                    requested_output_names=[],
+                    request_id=request_id,
+                )
+                for _ in stop.exec(decoupled=True):
+                    pass
+
+
+class _Ending:
+    """The client's sender shared by a request's generations: FINAL goes on the last generation's last
+    response; without the decoupled policy exactly one response goes out."""
+
+    def __init__(self, generations: int, sender, decoupled: bool) -> None:
+        self.open = generations
+        self.sender = sender
+        self.decoupled = decoupled
+        self.lock = threading.Lock()
+        self.this_thread_closed = threading.local()
+
+    def send(self, response, last: bool) -> None:
+        with self.lock:
+            if last:
+                self.open -= 1
+                self.this_thread_closed.value = True
+            if not self.decoupled and not last:
+                return
+            self.sender.send(response, flags=FINAL if last and self.open == 0 else 0)
+
+    def close_if_open(self) -> None:
+        """A generation whose llm stream ended without its last answer (it was stopped): its share of FINAL."""
+        if getattr(self.this_thread_closed, "value", False):
+            return
+        with self.lock:
+            self.open -= 1
+            if self.open == 0:
+                self.sender.send(flags=FINAL)
+
+
+def _scalar(row: dict, name: str, default: int) -> int:
+    array = row.get(name)
+    return default if array is None or not array.size else int(array.reshape(-1)[0])
+
+
+def _end_id(row: dict) -> int | None:
+    end_id = _scalar(row, "end_id", -1)
+    return None if end_id < 0 else end_id
