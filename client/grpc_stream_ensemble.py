@@ -22,7 +22,9 @@ def main() -> None:
     parser.add_argument("prompt")
     parser.add_argument("--url", default="127.0.0.1:8001")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, help="leave out for greedy decoding")
+    parser.add_argument("--temperature", type=float, help="scales the logits when sampling")
+    # TensorRT-LLM's rule: greedy unless top-k (> 1) or top-p asks to sample, whatever the temperature
+    parser.add_argument("--top-p", type=float, help="sample from the smallest set of this probability (1.0: all)")
     args = parser.parse_args()
 
     inputs = [
@@ -32,6 +34,8 @@ def main() -> None:
     ]
     if args.temperature is not None:
         inputs.append(tensor("temperature", np.array([[args.temperature]], dtype=np.float32), "FP32"))
+    if args.top_p is not None:
+        inputs.append(tensor("top_p", np.array([[args.top_p]], dtype=np.float32), "FP32"))
 
     request_id = uuid.uuid4().hex
     responses: queue.Queue = queue.Queue()

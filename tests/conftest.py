@@ -86,10 +86,15 @@ def pytest_addoption(parser) -> None:
 
 
 def launch_triton(
-    model_dir: Path, log_dir: Path, repository: Path = REPOSITORY, llm_instances: int = 1, settings: dict | None = None
+    model_dir: Path,
+    log_dir: Path,
+    repository: Path = REPOSITORY,
+    llm_instances: int = 1,
+    settings: dict | None = None,
+    decoupled: bool = True,
 ) -> TritonServer:
     """The real tritonserver on the model repository, serving `model_dir`, on free loopback ports; `settings`
-    override the llm's (as `serve`'s flags do)."""
+    override the llm's (as `serve`'s flags do); `decoupled` false: `serve --decoupled-mode false`."""
     http_port, grpc_port, metrics_port = free_ports(3)
     server = TritonServer(
         repository,
@@ -99,6 +104,7 @@ def launch_triton(
         env={MODEL_DIR_ENV: str(model_dir)} | ({OVERRIDES_ENV: json.dumps(settings)} if settings else {}),
         log_file=log_dir / "tritonserver.log",
         llm_instances=llm_instances,
+        decoupled=decoupled,
     )
     server.start(timeout=600)  # a server that never gets ready fails the tests instead of stalling them
     return server

@@ -132,7 +132,7 @@ PARAMETERS: tuple[Parameter, ...] = (
               within(0, MAX_TOP_LOG_PROBS), field="top_logprobs"),
     Parameter("return_prompt_log_probs", "BOOL", "each prompt token's log-probability given the tokens before "
               "it (and num_top_log_probs alternatives)", False, field="prompt_logprobs"),
-    Parameter("return_context_logits", "BOOL", "the prompt's logits, in the first response", False),
+    Parameter("return_context_logits", "BOOL", "the prompt's logits, in the last response (TensorRT-LLM's)", False),
     Parameter("return_generation_logits", "BOOL", "each output token's logits", False),
     Parameter("guided_decoding_guide_type", "BYTES", "grammar-constrained decoding (llguidance): json, "
               "json_schema, regex or lark"),
@@ -178,3 +178,24 @@ def read(get: TensorLookup, name: str) -> Any:
     if not parameter.rule.holds(value):
         raise RequestError(name, f"{name} must be {parameter.rule.text}, got {value}")
     return value
+
+
+def batch_rows(inputs: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """TensorRT-LLM's batch in one request -> each row's tensors: `input_ids` [B, n] with `input_lengths` [B, 1]
+    is B prompts, each its row up to its length (utils.cc splitBatchInputsTensors); every other tensor gives each
+    row its own. One row comes back as it is."""
+    ids = inputs.get("input_ids")
+    batch = 1 if ids is None or ids.ndim < 2 else ids.shape[0]
+    if batch == 1:
+        return [inputs]
+    lengths = inputs.get("input_lengths")
+    if lengths is None or lengths.size != batch:
+        raise RequestError("input_lengths", f"input_lengths must give each of the {batch} rows of input_ids its length")
+    rows = []
+    for b, length in enumerate(lengths.reshape(-1).tolist()):
+        if not 1 <= length <= ids.shape[1]:
+            raise RequestError("input_lengths", f"input_lengths[{b}] must be in [1, {ids.shape[1]}], got {length}")
+        row = {name: array[b : b + 1] for name, array in inputs.items() if name != "input_lengths"}
+        row["input_ids"] = ids[b : b + 1, :length]
+        rows.append(row)
+    return rows

@@ -26,10 +26,12 @@ PROMPTS = ["Hello 你好", "The quick brown fox", "😀 emoji 🎉 and", "数据
 
 
 def ensemble_inputs(text: str, max_tokens: int, stream: bool = True) -> list:
+    """A whole answer without the prompt (TensorRT-LLM's default would start it with the prompt)."""
     return [
         tensor("text_input", [[text.encode()]], "BYTES"),
         tensor("max_tokens", [[max_tokens]], "INT32"),
         tensor("stream", [[stream]], "BOOL"),
+        *([] if stream else [tensor("exclude_input_in_output", [[True]], "BOOL")]),
     ]
 
 
@@ -112,7 +114,9 @@ def test_triton_http_generate_stream_on_the_ensemble(triton, tokenizer, hf_model
         for line in post("generate_stream", {"text_input": prompt, "max_tokens": 20, "stream": True}).splitlines()
         if line.startswith("data:")
     ]
-    whole = json.loads(post("generate", {"text_input": prompt, "max_tokens": 20, "stream": False}))
+    whole = json.loads(
+        post("generate", {"text_input": prompt, "max_tokens": 20, "stream": False, "exclude_input_in_output": True})
+    )
     assert "".join(e["text_output"] for e in events) == whole["text_output"] == expected
     assert events[-1]["finish_reason"] in ("length", "end_id")
     assert all(not e["finish_reason"] for e in events[:-1])
@@ -473,6 +477,7 @@ def test_ensemble_samples_join_to_texts_per_index(stream):
             *ensemble_inputs("Hello 你好", 12),
             tensor("num_return_sequences", [[2]], "INT32"),
             tensor("temperature", [[1.0]], "FP32"),
+            tensor("top_p", [[1.0]], "FP32"),  # a temperature alone decodes greedily, as in TensorRT-LLM
             tensor("random_seed", [[3]], "UINT64"),
         ],
     )
@@ -603,15 +608,21 @@ def test_embedding_model_batches_requests_and_refuses_only_the_long_one(triton, 
         assert counts.tolist() == [len(ids) for ids in sentence_model.tokenizer(full)["input_ids"]]
 
 
-def test_exclude_input_in_output_as_genai_perf_sends_it(stream, tokenizer, hf_model):
-    """genai-perf's tensorrtllm input format sends exclude_input_in_output true; false cannot be honoured."""
-    expected, _ = greedy_text(hf_model, tokenizer, tokenizer.encode(PROMPTS[3]), 8)
+def test_exclude_input_in_output_as_tensorrt_llm_answers_it(stream, tokenizer, hf_model):
+    """genai-perf sends true; false, or no tensor (the model's parameter, false as in TensorRT-LLM), starts a whole
+    answer with the prompt; a streamed one never repeats it."""
+    prompt_ids = tokenizer.encode(PROMPTS[3])
+    expected, ids = greedy_text(hf_model, tokenizer, prompt_ids, 8)
+    echoed = tokenizer.decode(prompt_ids + ids, skip_special_tokens=True)
     s = stream()
-    s.send("ensemble", [*ensemble_inputs(PROMPTS[3], 8), tensor("exclude_input_in_output", [[True]], "BOOL")])
-    assert text_of(s.until_final()) == expected
     s.send("ensemble", [*ensemble_inputs(PROMPTS[3], 8), tensor("exclude_input_in_output", [[False]], "BOOL")])
-    with pytest.raises(InferenceServerException, match="exclude_input_in_output"):
-        s.next()
+    assert text_of(s.until_final()) == expected
+    for given in ([tensor("exclude_input_in_output", [[False]], "BOOL")], []):
+        whole_inputs = [*ensemble_inputs(PROMPTS[3], 8)[:2], tensor("stream", [[False]], "BOOL"), *given]
+        s.send("ensemble", whole_inputs)
+        (whole,) = s.until_final()
+        assert text_of([whole]) == echoed
+        assert whole.as_numpy("output_ids").tolist() == [prompt_ids + ids]
 
 
 @pytest.mark.parametrize("streaming", [False, True])
@@ -641,7 +652,9 @@ def test_ensemble_takes_tensorrtllm_backends_logits_and_renamed_inputs(stream, t
     s.send("ensemble", [*ensemble_inputs(PROMPTS[0], 6, streaming), *extra])
     results = s.until_final()
     assert [t for r in results for t in r.as_numpy("output_ids").reshape(-1).tolist()] == expected
-    np.testing.assert_allclose(results[0].as_numpy("context_logits")[0], context.detach().numpy(), atol=1e-4)
+    # in the last response, where TensorRT-LLM's clients read them
+    assert [r.as_numpy("context_logits") is not None for r in results] == [False] * (len(results) - 1) + [True]
+    np.testing.assert_allclose(results[-1].as_numpy("context_logits")[0], context.detach().numpy(), atol=1e-4)
     generation = np.concatenate([r.as_numpy("generation_logits")[0, 0] for r in results])
     np.testing.assert_allclose(generation, torch.cat(ref.logits).numpy(), atol=1e-4)
     logprobs = torch.log_softmax(torch.cat(ref.logits), -1)[torch.arange(6), torch.tensor(expected)]

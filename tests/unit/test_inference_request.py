@@ -62,8 +62,10 @@ def test_top_k_above_one_or_a_top_p_samples_at_the_temperature():
     assert not sampled.greedy and sampled.top_p == 1.0
 
 
-def test_beam_search_takes_a_temperature_as_tensorrt_llm_does():
-    assert parse(request(beam_width=int32(2), temperature=fp32(0.7)), VOCAB).num_samples == 2
+def test_beam_search_takes_the_temperature_tensorrt_llms_clients_send():
+    assert parse(request(beam_width=int32(2), temperature=fp32(1.0)), VOCAB).num_samples == 2
+    with pytest.raises(ValueError, match="temperature"):  # it would scale TensorRT-LLM's scores, not ours
+        parse(request(beam_width=int32(2), temperature=fp32(0.7)), VOCAB)
 
 
 def test_input_lengths_strips_the_padding_after_the_prompt():

@@ -16,6 +16,8 @@ from tritonllm.runtime.tensorrt_llm_face import (
     generations,
     postprocessing_output,
     preprocessing_outputs,
+    split_rows,
+    stacked,
 )
 from tritonllm.runtime.tritonserver import stage_repository
 
@@ -124,15 +126,6 @@ def test_beams_that_ended_on_the_end_token_are_padded_with_minus_one_as_tensorrt
     assert answer["output_ids"].tolist() == [[[7, 8], [7, -1]]] and answer["sequence_length"].tolist() == [[2, 1]]
 
 
-def test_streamed_context_logits_come_with_the_last_response():
-    generation = Generation(WANTED, end_id=None, batch_index=None, samples=1)
-    logits = np.ones((1, 3, 5), dtype=np.float32)
-    first = generation.response(llm_response([7], context_logits=logits))
-    assert "context_logits" not in first and not generation.done
-    last = generation.response(llm_response([8], b"length"))
-    assert last["context_logits"] is logits and generation.done
-
-
 def test_only_wanted_outputs_go_back_with_the_batch_index_of_a_batched_request():
     answer = Generation(frozenset({"output_ids"}), None, batch_index=1, samples=2).response(
         llm_response([7], b"length")
@@ -143,6 +136,7 @@ def test_only_wanted_outputs_go_back_with_the_batch_index_of_a_batched_request()
 def test_preprocessing_answers_tensorrt_llms_names_when_asked():
     ours = {
         "input_ids": i32([[5, 6, 7]]),
+        "input_lengths": i32([[3]]),
         "pad_id": i32([[2]]),
         "end_id": i32([[2]]),
         "request_output_len": i32([[9]]),
@@ -181,3 +175,31 @@ def test_a_staged_unary_repository_links_all_but_the_two_configs_it_changes():
         import shutil
 
         shutil.rmtree(staged)
+
+
+def test_a_batch_of_prompts_is_split_then_stacked_padded_as_tensorrt_llm_pads():
+    rows = split_rows({"text_input": np.array([[b"a"], [b"b c"]], dtype=np.object_), "max_tokens": i32([[4], [5]])})
+    assert [r["max_tokens"].tolist() for r in rows] == [[[4]], [[5]]]
+    prompts = [
+        {
+            "input_ids": i32([[5]]),
+            "pad_id": i32([[2]]),
+            "bad_words_list": i32([[[7], [1]]]),
+            "embedding_bias": np.zeros((1, 0), dtype=np.float32),
+            "prediction_ids": np.zeros((1, 0), dtype=np.int32),
+        },
+        {
+            "input_ids": i32([[5, 6, 7]]),
+            "pad_id": i32([[3]]),
+            "bad_words_list": i32([[[7, 8], [1, 2]]]),
+            "embedding_bias": np.ones((1, 4), dtype=np.float32),
+            "prediction_ids": np.zeros((1, 0), dtype=np.int32),
+        },
+    ]
+    batch = stacked(prompts)
+    assert batch["input_ids"].tolist() == [[5, 2, 2], [5, 6, 7]]
+    assert batch["bad_words_list"].tolist() == [[[7, -1], [1, -1]], [[7, 8], [1, 2]]]
+    assert batch["embedding_bias"].tolist() == [[0.0] * 4, [1.0] * 4]
+    prompts[1]["prediction_ids"] = i32([[9]])
+    with pytest.raises(ValueError, match="one prompt a request"):
+        stacked(prompts)

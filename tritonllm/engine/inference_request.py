@@ -60,7 +60,7 @@ def parse(get: TensorLookup, vocab_size: int, triton_timeout_us: int = 0, hidden
     params = _params(get, vocab_size)
     if params.beam_width > 1:
         samples = params.beam_width if samples is None else samples
-        _check_beam_search(params, samples, drafts)
+        _check_beam_search(params, samples, drafts, read(get, "temperature"))
     return ParsedRequest(
         _prompt(get),
         params,
@@ -99,13 +99,17 @@ def _guide(get: TensorLookup) -> tuple[str, str] | None:
     return guide_type, guide or ""
 
 
-def _check_beam_search(params: SamplingParams, samples: int, drafts: list[int]) -> None:
+def _check_beam_search(params: SamplingParams, samples: int, drafts: list[int], temperature: float | None) -> None:
     width = params.beam_width
     if not params.greedy:
         raise RequestError(
             "beam_width",
             f"beam_width={width} decodes deterministically: runtime_top_k, runtime_top_p, typical_p and min_p "
-            "must be unset (or 0) with temperature > 0",
+            "must be unset (or 0)",
+        )
+    if temperature not in (None, 0.0, 1.0):  # TensorRT-LLM's clients send 1.0; other values would scale its scores
+        raise RequestError(
+            "temperature", f"beam_width={width} scores beams without a temperature: it must be 0, 1 or unset"
         )
     if not 1 <= samples <= width:
         raise RequestError(

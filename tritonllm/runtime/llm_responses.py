@@ -125,6 +125,7 @@ class Responder:
         group: SampleGroup,
         pacing: StreamInterval,
         beams: int = 0,
+        batch_index: int | None = None,  # its row, when the request held several prompts (TensorRT-LLM's batch)
     ) -> None:
         self.channel = channel
         self.streaming = request.streaming
@@ -132,6 +133,8 @@ class Responder:
         self.drafted = bool(request.draft_tokens)  # report how many drafts were accepted
         self.include_stop_words = request.include_stop_words
         self.detokenizing = {"skip_special_tokens": np.array([[request.skip_special_tokens]])}
+        self.batch_index = batch_index
+        self.row = {} if batch_index is None else {"batch_index": np.array([[batch_index]], dtype=np.int32)}
         self.beams = beams
         self.pacing = pacing
         # TensorRT-LLM's rule: unless excluded, a non-streaming response's output_ids start with the prompt
@@ -169,14 +172,15 @@ class Responder:
             "sequence_index": np.array([[seq.sample_index]], dtype=np.int32),
             "stop_token": np.array([[stop_word[-1] if stop_word else -1]], dtype=np.int32),
             **self._status(out),
-            **self._requested(seq, num_new),
+            **self._requested(seq, num_new, out.finished),
         }
+        if self.perf_metrics:  # in every response, as TensorRT-LLM's: its streaming clients read each
+            arrays.update(perf_metrics(seq))
         if out.finished:
-            if self.perf_metrics:
-                arrays.update(perf_metrics(seq))
             self.channel.on_finished(seq.finish_reason)
             self.group.unfinished -= 1
-        stream_key = (id(self.channel.sender), seq.sample_index) if self.streaming else None
+        # a stream's queued responses may merge; the rows and samples of one request are streams of their own
+        stream_key = (id(self.channel.sender), self.batch_index, seq.sample_index) if self.streaming else None
         self._put(arrays, self.group.unfinished == 0, stream_key)
 
     def _send_beams(self, out) -> None:
@@ -225,9 +229,10 @@ class Responder:
             "accepted_prediction_tokens": np.array([[seq.accepted_prediction_tokens]], dtype=np.int32),
             "rejected_prediction_tokens": np.array([[seq.rejected_prediction_tokens]], dtype=np.int32),
             **self.detokenizing,
+            **self.row,
         }
 
-    def _requested(self, seq, num_new: int) -> dict[str, np.ndarray]:
+    def _requested(self, seq, num_new: int, finished: bool) -> dict[str, np.ndarray]:
         """The outputs the request asked for, covering this response's tokens (the ensemble's postprocessing takes
         each of them as optional: a tensor sent for nothing costs every hop of every streamed token)."""
         p, arrays = seq.params, {}
@@ -240,7 +245,7 @@ class Responder:
             shape = (1, 1, len(top), p.top_log_probs)
             arrays["top_log_prob_ids"] = np.array([t[0] for t in top], dtype=np.int32).reshape(shape)
             arrays["top_log_probs"] = np.array([t[1] for t in top], dtype=np.float32).reshape(shape)
-        if p.return_context_logits and first == 0 and seq.context_logits:
+        if p.return_context_logits and finished and seq.context_logits:  # in the last response, as TensorRT-LLM
             arrays["context_logits"] = torch.stack(seq.context_logits).numpy()[None]
         if p.return_prompt_log_probs and first == 0:
             arrays["prompt_log_probs"] = _prompt_log_probs(seq)
@@ -252,9 +257,9 @@ class Responder:
 
 
 def perf_metrics(seq) -> dict[str, np.ndarray]:
-    """TensorRT-LLM's per-request perf outputs (return_perf_metrics), for a sequence that has ended: its KV
-    blocks (taken new, from the prefix cache, and in all, as TensorRT-LLM counts them: new and total alike
-    leave the reused ones out), its timings on the wall clock in ns, and its drafts' acceptance."""
+    """TensorRT-LLM's per-request perf outputs (return_perf_metrics) so far: the sequence's KV blocks (taken new,
+    from the prefix cache, and in all, as TensorRT-LLM counts them: new and total alike leave the reused ones
+    out), its timings on the wall clock in ns, and its drafts' acceptance."""
     now_ns, now = time.time_ns(), time.monotonic()
 
     def wall_ns(t: float | None) -> int:

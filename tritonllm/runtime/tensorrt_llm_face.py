@@ -12,7 +12,6 @@ tensorrtllm_backend's `inflight_batcher_llm/src` does it:
 - `exclude_input_in_output` absent: the model's parameter of that name (TensorRT-LLM's default false: a
   non-streaming `output_ids` starts with the prompt, and `sequence_length` counts it);
 - the end token is neither returned nor counted;
-- streamed `context_logits` come with the generation's last response, where its clients read them;
 - streaming is refused by a model deployed without the decoupled policy, with TensorRT-LLM's message.
 """
 
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import RequestError
+from ..request_parameters import batch_rows
 from . import response_status
 
 # tensorrtllm_backend's preprocessing and postprocessing, called on their own (its end_to_end_test does): their
@@ -51,14 +51,47 @@ PREPROCESSING_OUTPUTS = {  # theirs -> ours (None: made from the prompt's length
 }
 
 
+def split_rows(inputs: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """A request's inputs, each [B, ...] -> each prompt's, [1, ...] (Triton gives every input the same B)."""
+    batch = next(iter(inputs.values())).shape[0] if inputs else 1
+    return [{name: array[b : b + 1] for name, array in inputs.items()} for b in range(batch)] if batch > 1 else [inputs]
+
+
+# preprocessing's outputs that are lists of ids per prompt: padded to the longest, as TensorRT-LLM pads a batch
+WORD_LISTS = ("bad_words_list", "stop_words_list")
+ONE_PROMPT_ONLY = ("prediction_ids", "thinking_start_ids", "thinking_end_ids", "token_strs")
+
+
+def stacked(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Each prompt's preprocessing outputs ([1, ...]) -> the batch's ([B, ...]): input_ids padded with each
+    row's pad id after its input_lengths, word lists with -1, a missing embedding bias as zeros."""
+    out = {}
+    for name in rows[0]:
+        arrays = [row[name] for row in rows]
+        if name in ONE_PROMPT_ONLY and any(a.size for a in arrays):
+            raise RequestError(name.removesuffix("_ids"), f"{name.removesuffix('_ids')} takes one prompt a request")
+        width = max(a.shape[-1] for a in arrays)
+        if name == "input_ids":
+            pads = [int(row["pad_id"].reshape(-1)[0]) for row in rows]
+            arrays = [
+                np.pad(a, ((0, 0), (0, width - a.shape[-1])), constant_values=max(p, 0))
+                for a, p in zip(arrays, pads, strict=True)
+            ]
+        elif name in WORD_LISTS:
+            arrays = [np.pad(a, ((0, 0), (0, 0), (0, width - a.shape[-1])), constant_values=-1) for a in arrays]
+        elif name == "embedding_bias":
+            arrays = [a if a.shape[-1] == width else np.zeros((1, width), dtype=np.float32) for a in arrays]
+        out[name] = np.concatenate(arrays)
+    return out
+
+
 def preprocessing_outputs(ours: dict[str, np.ndarray], wanted: set[str]) -> dict[str, np.ndarray]:
     """The outputs under tensorrtllm_backend's preprocessing names that a request asked for, from ours. A
     decoder-only model's decoder prompt is its pad id alone, as there."""
-    prompt_length = np.array([[ours["input_ids"].shape[-1]]], dtype=np.int32)
     made = {
-        "REQUEST_INPUT_LEN": prompt_length,
+        "REQUEST_INPUT_LEN": ours["input_lengths"],
         "DECODER_INPUT_ID": ours["pad_id"].astype(np.int32),
-        "REQUEST_DECODER_INPUT_LEN": np.ones((1, 1), dtype=np.int32),
+        "REQUEST_DECODER_INPUT_LEN": np.ones_like(ours["pad_id"], dtype=np.int32),
     }
     return {
         theirs: made[theirs] if name is None else ours[name]
@@ -103,19 +136,7 @@ def generations(inputs: dict[str, np.ndarray], exclude_input_default: bool, deco
         converted["lora_weights"] = converted["lora_weights"].astype(np.float32)
     if "exclude_input_in_output" not in converted:
         converted["exclude_input_in_output"] = np.full((batch, 1), exclude_input_default, dtype=bool)
-    if batch == 1:
-        return [converted]
-    lengths = converted.pop("input_lengths", None)
-    if lengths is None or lengths.size != batch:
-        raise RequestError("input_lengths", f"input_lengths must give each of the {batch} rows of input_ids its length")
-    rows = []
-    for b, length in enumerate(lengths.reshape(-1).tolist()):
-        if not 1 <= length <= ids.shape[1]:
-            raise RequestError("input_lengths", f"input_lengths[{b}] must be in [1, {ids.shape[1]}], got {length}")
-        row = {name: array[b : b + 1] for name, array in converted.items()}
-        row["input_ids"] = ids[b : b + 1, :length]
-        rows.append(row)
-    return rows
+    return batch_rows(converted)
 
 
 def _value(inputs: dict[str, np.ndarray], name: str, default):
@@ -135,7 +156,6 @@ class Generation:
     end_id: int | None
     batch_index: int | None  # its row, when the request held several
     samples: int  # responses with a finish reason before it is done: its samples, or one for all beams
-    held_context_logits: np.ndarray | None = None
     finished_samples: int = 0
 
     def response(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -146,11 +166,6 @@ class Generation:
             self.finished_samples += 1
             if self.end_id is not None and arrays["finish_reason"].reshape(-1)[0] == b"end_id":
                 _drop_end_token(arrays, self.end_id)
-        if "context_logits" in arrays and not ended:
-            self.held_context_logits = arrays.pop("context_logits")
-        elif ended and self.held_context_logits is not None:
-            arrays["context_logits"] = self.held_context_logits
-            self.held_context_logits = None
         if self.batch_index is not None:
             arrays["batch_index"] = np.array([[self.batch_index]], dtype=np.int32)
         return {name: a for name, a in arrays.items() if name in self.wanted or name == "batch_index"}

@@ -27,6 +27,7 @@ from tritonllm.engine.grammar import GrammarCompiler
 from tritonllm.engine.lora import AdapterCache
 from tritonllm.engine.sequence import samples_of
 from tritonllm.errors import RequestError
+from tritonllm.request_parameters import batch_rows
 from tritonllm.runtime import gguf, multiplex
 from tritonllm.runtime.allocator import release_free_memory
 from tritonllm.runtime.llm_metrics import EngineMetrics
@@ -88,14 +89,10 @@ class TritonPythonModel:
         return GrammarCompiler(load_tokenizer(self.model_dir))
 
     def execute(self, requests: list) -> None:
-        vocab = self.engine.runner.shape.vocab_size
         for request in requests:
             sender = request.get_response_sender()
-
-            def get(name: str, request=request):
-                tensor = pb_utils.get_input_tensor_by_name(request, name)
-                return None if tensor is None else tensor.as_numpy()
-
+            inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
+            get = inputs.get
             try:
                 if inference_request.is_stop_request(get):
                     channel = self.channels.pop(request.request_id(), None)
@@ -114,41 +111,53 @@ class TritonPythonModel:
                     self.channels[request.request_id()] = sender
                     sender.send(pb_utils.InferenceResponse(output_tensors=[]))  # open: generations may name it
                     continue
-                parsed = inference_request.parse(get, vocab, request.timeout(), self.hidden_size)
-                table = parsed.prompt_table
-                self.engine.validate(parsed.prompt_ids, 0 if table is None else len(table))
-                beams = parsed.num_samples if parsed.params.beam_width > 1 else 0
-                samples = samples_of(
-                    parsed.prompt_ids,
-                    parsed.params,
-                    1 if beams else parsed.num_samples,
-                    request_id=request.request_id(),
-                    priority=parsed.priority,
-                    prompt_table=table,
-                    adapter=self._adapter(get),
-                    draft_tokens=parsed.draft_tokens,
-                    draft_logits=parsed.draft_logits,
-                    prediction=parsed.prediction,
-                    deadline=None if parsed.timeout_s is None else time.monotonic() + parsed.timeout_s,
-                )
-                if parsed.guide is not None:
-                    for seq in samples:
-                        seq.grammar = self.grammars.matcher(*parsed.guide)
-                channel = Channel(
-                    sender,
-                    frozenset(request.requested_output_names()),
-                    self.responses,
-                    self.metrics.finished,
-                    self._multiplexed(get, request.request_id(), parsed.params, beams or parsed.draft_tokens),
-                )
-                group, interval = SampleGroup(len(samples)), parsed.stream_interval or self.stream_interval
-                responders = [Responder(channel, parsed, group, StreamInterval(interval), beams) for _ in samples]
-                self.thread.submit(
-                    [Submission(seq, r, sender.is_cancelled) for seq, r in zip(samples, responders, strict=True)]
-                )
+                self.thread.submit(self._submissions(request, sender, batch_rows(inputs)))
             except (ValueError, TypeError) as e:  # RequestError (Overloaded too) is a ValueError
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(errors.to_message(e))), flags=FINAL)
         return None
+
+    def _submissions(self, request, sender, rows: list[dict]) -> list[Submission]:
+        """The engine's sequences of a request's rows (TensorRT-LLM's batch: each answered with its batch_index),
+        every one of them checked before any is submitted. Triton's FINAL flag goes on the response of the last
+        sample of the last row to finish."""
+        generations = [self._parse(row.get, request) for row in rows]
+        group = SampleGroup(sum(len(samples) for _, samples, _ in generations))
+        parsed, _, beams = generations[0]
+        mux = self._multiplexed(rows[0].get, request.request_id(), parsed.params, beams or parsed.draft_tokens)
+        wanted = frozenset(request.requested_output_names())
+        channel = Channel(sender, wanted, self.responses, self.metrics.finished, mux if len(rows) == 1 else None)
+        submissions = []
+        for index, (parsed, samples, beams) in enumerate(generations):
+            interval, batch_index = parsed.stream_interval or self.stream_interval, index if len(rows) > 1 else None
+            responders = [
+                Responder(channel, parsed, group, StreamInterval(interval), beams, batch_index) for _ in samples
+            ]
+            submissions += [Submission(seq, r, sender.is_cancelled) for seq, r in zip(samples, responders, strict=True)]
+        return submissions
+
+    def _parse(self, get, request) -> tuple[inference_request.ParsedRequest, list, int]:
+        """One prompt's request, its engine sequences, and how many best beams it returns (0: no beam search)."""
+        parsed = inference_request.parse(get, self.engine.runner.shape.vocab_size, request.timeout(), self.hidden_size)
+        table = parsed.prompt_table
+        self.engine.validate(parsed.prompt_ids, 0 if table is None else len(table))
+        beams = parsed.num_samples if parsed.params.beam_width > 1 else 0
+        samples = samples_of(
+            parsed.prompt_ids,
+            parsed.params,
+            1 if beams else parsed.num_samples,
+            request_id=request.request_id(),
+            priority=parsed.priority,
+            prompt_table=table,
+            adapter=self._adapter(get),
+            draft_tokens=parsed.draft_tokens,
+            draft_logits=parsed.draft_logits,
+            prediction=parsed.prediction,
+            deadline=None if parsed.timeout_s is None else time.monotonic() + parsed.timeout_s,
+        )
+        if parsed.guide is not None:
+            for seq in samples:
+                seq.grammar = self.grammars.matcher(*parsed.guide)
+        return parsed, samples, beams
 
     def _multiplexed(self, get, request_id: str, params, more_than_tokens) -> tuple[object, str] | None:
         """The channel the request names, where this instance holds it and the request's responses fit its rows

@@ -52,42 +52,42 @@ RENDER_ARGUMENTS = frozenset(
 THEIR_NAME = {ours: theirs for theirs, ours in tensorrt_llm_face.PREPROCESSING_INPUTS.items()}
 
 
-def _tensor(request, name: str):
-    """An input by our name, or by the name tensorrtllm_backend's preprocessing gives it (QUERY, ...)."""
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    if tensor is None and name in THEIR_NAME:
-        return pb_utils.get_input_tensor_by_name(request, THEIR_NAME[name])
-    return tensor
+def _tensor(row: dict[str, np.ndarray], name: str) -> np.ndarray | None:
+    """One prompt's input by our name, or by the name tensorrtllm_backend's preprocessing gives it (QUERY, ...)."""
+    array = row.get(name)
+    if array is None and name in THEIR_NAME:
+        return row.get(THEIR_NAME[name])
+    return array
 
 
-def _string(request, name: str) -> str | None:
-    tensor = _tensor(request, name)
+def _string(row, name: str) -> str | None:
+    tensor = _tensor(row, name)
     if tensor is None:
         return None
-    value = tensor.as_numpy().reshape(-1)
+    value = tensor.reshape(-1)
     if value.size != 1:
         raise RequestError(name, f"{name} must hold one string, got {value.size}")
     return strings(value)[0]
 
 
-def _int(request, name: str, default: int) -> int:
-    tensor = _tensor(request, name)
-    return default if tensor is None else int(tensor.as_numpy().reshape(-1)[0])
+def _int(row, name: str, default: int) -> int:
+    tensor = _tensor(row, name)
+    return default if tensor is None else int(tensor.reshape(-1)[0])
 
 
-def _bool(request, name: str, default: bool | None) -> bool | None:
-    tensor = _tensor(request, name)
-    return default if tensor is None else bool(tensor.as_numpy().reshape(-1)[0])
+def _bool(row, name: str, default: bool | None) -> bool | None:
+    tensor = _tensor(row, name)
+    return default if tensor is None else bool(tensor.reshape(-1)[0])
 
 
-def _ids(request, name: str) -> list[int]:
-    tensor = _tensor(request, name)
-    return [] if tensor is None else tensor.as_numpy().reshape(-1).astype(np.int64).tolist()
+def _ids(row, name: str) -> list[int]:
+    tensor = _tensor(row, name)
+    return [] if tensor is None else tensor.reshape(-1).astype(np.int64).tolist()
 
 
-def _floats(request, name: str) -> list[float]:
-    tensor = _tensor(request, name)
-    return [] if tensor is None else tensor.as_numpy().reshape(-1).tolist()
+def _floats(row, name: str) -> list[float]:
+    tensor = _tensor(row, name)
+    return [] if tensor is None else tensor.reshape(-1).tolist()
 
 
 def _strings_array(texts: list[str]) -> np.ndarray:
@@ -128,40 +128,51 @@ class TritonPythonModel:
         return [self._one(request) for request in requests]
 
     def _one(self, request):
-        if set(request.requested_output_names()) == {"tokenizer_info"}:  # asked for alone: the inputs are not read
+        wanted = set(request.requested_output_names())
+        if wanted == {"tokenizer_info"}:  # asked for alone: the inputs are not read
             info = tokenizer_info(self.tokenizer, self.context)
             return pb_utils.InferenceResponse([pb_utils.Tensor("tokenizer_info", _strings_array([info]))])
-        if set(request.requested_output_names()) == {"tokenizer_snapshot"}:  # the same: for the shim's own detokenizer
+        if wanted == {"tokenizer_snapshot"}:  # the same: for the shim's own detokenizer
             snapshot = cached_snapshot(self.model_dir) or ""
             return pb_utils.InferenceResponse([pb_utils.Tensor("tokenizer_snapshot", _strings_array([snapshot]))])
+        inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
         try:
-            max_tokens = _int(request, "max_tokens", self.default_max_tokens)
-            if max_tokens < 1:
-                raise RequestError("max_tokens", f"max_tokens must be >= 1, got {max_tokens}")
-            ids = self._tokenize(request, max_tokens if _bool(request, "max_tokens_must_fit", False) else None)
-            bad_words = self._word_list(request, "bad_words")
-            stop_token_ids = [t for t in _ids(request, "stop_token_ids") if 0 <= t < len(self.tokenizer)]
-            stop_words = self._word_list(request, "stop_words", [[t] for t in stop_token_ids])
-            bias = self._embedding_bias(request)
-            prediction = _string(request, "prediction")
-            prediction_ids = self.tokenizer.encode(prediction, add_special_tokens=False) if prediction else []
-            thinking_start_ids, thinking_end_ids = self._thinking_tags(request, ids)
+            # several prompts in one request, as TensorRT-LLM's clients batch them: a row each, stacked again
+            rows = [self._prompt(row, wanted) for row in tensorrt_llm_face.split_rows(inputs)]
+            ours = rows[0] if len(rows) == 1 else tensorrt_llm_face.stacked(rows)
         except ValueError as e:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(errors.to_message(e)))
+        theirs = tensorrt_llm_face.preprocessing_outputs(ours, wanted)  # for tensorrtllm_backend's clients
+        return pb_utils.InferenceResponse([pb_utils.Tensor(name, array) for name, array in {**ours, **theirs}.items()])
+
+    def _prompt(self, row: dict[str, np.ndarray], wanted: set[str]) -> dict[str, np.ndarray]:
+        """One prompt's inputs -> the llm's tensors for it, each [1, ...]."""
+        max_tokens = _int(row, "max_tokens", self.default_max_tokens)
+        if max_tokens < 1:
+            raise RequestError("max_tokens", f"max_tokens must be >= 1, got {max_tokens}")
+        ids = self._tokenize(row, max_tokens if _bool(row, "max_tokens_must_fit", False) else None)
+        bad_words = self._word_list(row, "bad_words")
+        stop_token_ids = [t for t in _ids(row, "stop_token_ids") if 0 <= t < len(self.tokenizer)]
+        stop_words = self._word_list(row, "stop_words", [[t] for t in stop_token_ids])
+        bias = self._embedding_bias(row)
+        prediction = _string(row, "prediction")
+        prediction_ids = self.tokenizer.encode(prediction, add_special_tokens=False) if prediction else []
+        thinking_start_ids, thinking_end_ids = self._thinking_tags(row, ids)
         tok = self.tokenizer
-        end_id = _int(request, "end_id", tok.eos_token_id if tok.eos_token_id is not None else -1)
-        pad_id = _int(request, "pad_id", tok.pad_token_id if tok.pad_token_id is not None else end_id)
-        if _bool(request, "ignore_eos", False):
+        end_id = _int(row, "end_id", tok.eos_token_id if tok.eos_token_id is not None else -1)
+        pad_id = _int(row, "pad_id", tok.pad_token_id if tok.pad_token_id is not None else end_id)
+        if _bool(row, "ignore_eos", False):
             end_id = -1
         # asked for by callers that only tokenize (the shim's /tokenize), never by the ensemble
-        wanted = set(request.requested_output_names())
-        extra = []
+        extra = {}
         if "token_strs" in wanted:
-            extra.append(pb_utils.Tensor("token_strs", _strings_array(tok.convert_ids_to_tokens(ids))))
+            extra["token_strs"] = _strings_array(tok.convert_ids_to_tokens(ids))
         if "context_len" in wanted:
-            extra.append(pb_utils.Tensor("context_len", np.array([[self.context]], dtype=np.int32)))
-        ours = {
+            extra["context_len"] = np.array([[self.context]], dtype=np.int32)
+        return {
+            **extra,
             "input_ids": np.array([ids], dtype=np.int32),
+            "input_lengths": np.array([[len(ids)]], dtype=np.int32),
             "request_output_len": np.array([[max_tokens]], dtype=np.int32),
             "end_id": np.array([[end_id]], dtype=np.int32),
             "pad_id": np.array([[pad_id]], dtype=np.int32),
@@ -172,43 +183,38 @@ class TritonPythonModel:
             "thinking_start_ids": np.array([thinking_start_ids], dtype=np.int32),
             "thinking_end_ids": np.array([thinking_end_ids], dtype=np.int32),
             # the request's, else the model's parameter (TensorRT-LLM's: false echoes the prompt)
-            "exclude_input_in_output": np.array(
-                [[_bool(request, "exclude_input_in_output", self.exclude_input)]], dtype=bool
-            ),
+            "exclude_input_in_output": np.array([[_bool(row, "exclude_input_in_output", self.exclude_input)]]),
         }
-        theirs = tensorrt_llm_face.preprocessing_outputs(ours, wanted)  # for tensorrtllm_backend's clients
-        tensors = [pb_utils.Tensor(name, array) for name, array in {**ours, **theirs}.items()]
-        return pb_utils.InferenceResponse(output_tensors=extra + tensors)
 
-    def _thinking_tags(self, request, ids: list[int]) -> tuple[list[int], list[int]]:
+    def _thinking_tags(self, row, ids: list[int]) -> tuple[list[int], list[int]]:
         """With a thinking_budget or thinking_open, the ids of the tags the llm follows the thinking block by: the
         opening one (none when the answer starts inside the block) and the closing one."""
-        inside = _bool(request, "thinking_open", None)
+        inside = _bool(row, "thinking_open", None)
         if inside is None:
-            if _tensor(request, "thinking_budget") is None:
+            if _tensor(row, "thinking_budget") is None:
                 return [], []
             inside = leaves_block_open(self.tokenizer.decode(ids))
         opening, closing = self.thinking_tags
         return ([] if inside else opening), closing
 
-    def _words(self, request, name: str) -> list[str]:
-        tensor = _tensor(request, name)
+    def _words(self, row, name: str) -> list[str]:
+        tensor = _tensor(row, name)
         if tensor is None:
             return []
-        return strings(tensor.as_numpy())
+        return strings(tensor)
 
-    def _word_list(self, request, name: str, extra: list[list[int]] | None = None) -> np.ndarray:
+    def _word_list(self, row, name: str, extra: list[list[int]] | None = None) -> np.ndarray:
         """Words as text -> the llm's [2, N] list; each word tokenized on its own, as tensorrtllm_backend does."""
-        words = [self.tokenizer.encode(w, add_special_tokens=False) for w in self._words(request, name) if w]
+        words = [self.tokenizer.encode(w, add_special_tokens=False) for w in self._words(row, name) if w]
         return encode_word_list(words + (extra or []))
 
-    def _embedding_bias(self, request) -> np.ndarray:
+    def _embedding_bias(self, row) -> np.ndarray:
         """embedding_bias_words + embedding_bias_weights (on each word's tokens) and logit_bias_ids +
         logit_bias_values (on those token ids) -> one [vocab] bias (empty: none)."""
-        words = self._words(request, "embedding_bias_words")
-        weights = _floats(request, "embedding_bias_weights")
+        words = self._words(row, "embedding_bias_words")
+        weights = _floats(row, "embedding_bias_weights")
         _same_length("embedding_bias_words", words, "embedding_bias_weights", weights)
-        ids, values = _ids(request, "logit_bias_ids"), _floats(request, "logit_bias_values")
+        ids, values = _ids(row, "logit_bias_ids"), _floats(row, "logit_bias_values")
         _same_length("logit_bias_ids", ids, "logit_bias_values", values)
         if not words and not ids:
             return np.zeros(0, dtype=np.float32)
@@ -226,13 +232,13 @@ class TritonPythonModel:
         if outside:
             raise RequestError(name, f"{name} holds token ids outside [0, {vocab}): {outside[:5]}")
 
-    def _render(self, request, conversation: list, tools: list | None) -> list[int]:
+    def _render(self, row, conversation: list, tools: list | None) -> list[int]:
         """A chat's ids, rendered as the request asks: continued, with its template variables, its own template."""
-        continued = _bool(request, "continue_final_message", False)
-        generation_prompt = _bool(request, "add_generation_prompt", not continued)
+        continued = _bool(row, "continue_final_message", False)
+        generation_prompt = _bool(row, "add_generation_prompt", not continued)
         if continued and generation_prompt:
             raise RequestError("continue_final_message", "continue_final_message needs add_generation_prompt: false")
-        raw = _string(request, "chat_template_kwargs")
+        raw = _string(row, "chat_template_kwargs")
         variables = json_object(raw, "chat_template_kwargs") if raw else {}
         reserved = sorted(RENDER_ARGUMENTS & set(variables))
         if reserved:
@@ -244,7 +250,7 @@ class TritonPythonModel:
                 tools=tools,
                 add_generation_prompt=generation_prompt,
                 continue_final_message=continued,
-                chat_template=_string(request, "chat_template") or None,
+                chat_template=_string(row, "chat_template") or None,
                 tokenize=True,
                 return_dict=True,
                 **variables,
@@ -253,29 +259,29 @@ class TritonPythonModel:
             raise RequestError("chat_messages", f"the chat template could not render chat_messages: {e}") from e
         return list(encoded["input_ids"])
 
-    def _tokenize(self, request, output_tokens: int | None) -> list[int]:
+    def _tokenize(self, row, output_tokens: int | None) -> list[int]:
         """The prompt's ids; `output_tokens` (max_tokens_must_fit): they must fit in the context after it."""
-        messages = _string(request, "chat_messages")
+        messages = _string(row, "chat_messages")
         if messages is not None:
             conversation = json_list(messages, "chat_messages")
-            tools = _string(request, "chat_tools")
+            tools = _string(row, "chat_tools")
             tools = json_list(tools, "chat_tools") if tools else None
             if tools and not self.template_renders_tools:
                 conversation, tools = with_tools_in_prompt(conversation, tools, self.tool_format), None
-            ids = self._render(request, conversation, tools)
-        elif _tensor(request, "prompt_token_ids") is not None:
-            ids = _ids(request, "prompt_token_ids")
+            ids = self._render(row, conversation, tools)
+        elif _tensor(row, "prompt_token_ids") is not None:
+            ids = _ids(row, "prompt_token_ids")
             self._check_ids("prompt_token_ids", ids)
         else:
-            text = _string(request, "text_input")
+            text = _string(row, "text_input")
             if text is None:
                 raise RequestError("text_input", "text_input (or chat_messages, or prompt_token_ids) is required")
-            raw = _bool(request, "use_raw_prompt", False)  # exactly the text: no special tokens added
+            raw = _bool(row, "use_raw_prompt", False)  # exactly the text: no special tokens added
             ids = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens and not raw)
         if not ids:
             raise RequestError("text_input", "text_input is empty after tokenization")
         if len(ids) > self.max_prompt_tokens:
-            if not _bool(request, "truncate_prompt", False):
+            if not _bool(row, "truncate_prompt", False):
                 limits = ", ".join(f"{name} = {value}" for name, value in self.limits.items() if value < 1 << 30)
                 raise RequestError(
                     "text_input",
@@ -283,7 +289,7 @@ class TritonPythonModel:
                 )
             ids = ids[len(ids) - self.max_prompt_tokens :]  # keep the end, which the generation continues
         if output_tokens is not None and len(ids) + output_tokens > self.context:
-            if not _bool(request, "truncate_prompt", False) or output_tokens >= self.context:
+            if not _bool(row, "truncate_prompt", False) or output_tokens >= self.context:
                 raise RequestError(
                     "max_tokens",
                     f"max_tokens is too large: {output_tokens}; the context holds {self.context} tokens and the "
