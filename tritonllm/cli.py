@@ -67,6 +67,9 @@ def serve(args: argparse.Namespace) -> int:
     if args.no_embedding and args.embedding_model_dir:
         _progress("--no-embedding and --embedding-model-dir: pick one")
         return 2
+    if args.through_ensemble and args.decoupled_mode == "false" and not args.no_shim:
+        _progress("--through-ensemble streams through the ensemble, which --decoupled-mode false makes unary: pick one")
+        return 2
     try:
         llms = llms_of(args)
         overrides = engine_overrides(args)

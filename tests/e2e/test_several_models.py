@@ -90,7 +90,7 @@ def test_several_llms_answer_by_name_and_load_on_demand(models_folder, tmp_path)
             lines = [line[6:] for line in streamed.iter_lines() if line.startswith("data: {")]
         whole = httpx.post(f"{url}/v1/completions", json={**body, "stream": False}, timeout=60).json()
         assert "".join(json.loads(line)["choices"][0]["text"] for line in lines) == whole["choices"][0]["text"]
-        triton = {"text_input": "Once", "max_tokens": 6}
+        triton = {"text_input": "Once", "max_tokens": 6, "exclude_input_in_output": True}  # else the prompt first
         generated = httpx.post(f"http://127.0.0.1:{ports['--http-port']}/v2/models/small/generate", json=triton)
         assert generated.json()["text_output"] == whole["choices"][0]["text"]
         spec = {"text_input": "Once", "parameters": {"max_new_tokens": 6}}  # the shim's generate_stream spec

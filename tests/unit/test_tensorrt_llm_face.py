@@ -203,3 +203,11 @@ def test_a_batch_of_prompts_is_split_then_stacked_padded_as_tensorrt_llm_pads():
     prompts[1]["prediction_ids"] = i32([[9]])
     with pytest.raises(ValueError, match="one prompt a request"):
         stacked(prompts)
+
+
+def test_serve_refuses_a_shim_through_a_unary_ensemble(tiny_model_dir, capfd):
+    from tritonllm import cli
+
+    argv = ["serve", "--model-dir", str(tiny_model_dir), "--decoupled-mode", "false", "--through-ensemble"]
+    assert cli.main(argv) == 2
+    assert "--through-ensemble" in capfd.readouterr().err
