@@ -181,6 +181,32 @@ def test_perf_metrics_arrive_in_every_response(triton, greedy):
     assert all(r.as_numpy("first_scheduled_time_ns") is not None for r in responses)
 
 
+def test_a_stop_request_ends_a_generation_as_inflight_batcher_clients_stop_after_ms_sends_it(triton):
+    """--stop-after-ms: input_ids, input_lengths, request_output_len 0 and stop true, under the generation's id."""
+    got: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(triton.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: got.put(error or result))
+        client.async_stream_infer("tensorrt_llm", ifb_client_inputs([5, 6, 7], 1900, True, -1, 0), request_id="long")
+        got.get(timeout=60)  # it runs
+        stop = [
+            tensor("input_ids", [[0]], "INT32"),
+            tensor("input_lengths", [[0]], "INT32"),
+            tensor("request_output_len", [[0]], "INT32"),
+            tensor("stop", [[True]], "BOOL"),
+        ]
+        client.async_stream_infer("tensorrt_llm", stop, request_id="long")
+        tokens = 0
+        while True:
+            result = got.get(timeout=60)
+            assert not isinstance(result, Exception), result
+            if result.as_numpy("finish_reason") is not None and result.as_numpy("finish_reason")[0][0]:
+                assert result.as_numpy("finish_reason")[0][0] == b"cancelled"
+                break
+            tokens += 0 if result.as_numpy("output_ids") is None else result.as_numpy("output_ids").size
+        client.stop_stream()
+    assert tokens < 1900
+
+
 def test_unary_infer_answers_501_in_the_decoupled_deployment(triton):
     body = {"inputs": [{"name": "text_input", "shape": [1, 1], "datatype": "BYTES", "data": [PROMPT]}]}
     request = urllib.request.Request(f"{triton.http_url}/v2/models/ensemble/infer", json.dumps(body).encode())

@@ -30,7 +30,8 @@ class TritonPythonModel:
         self.exclude_input_default = params.exclude_input_in_output()
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(params.config)
         self.outputs = [o["name"] for o in params.config["output"]]
-        self.live: dict[str, object] = {}  # the llm request id of each relayed generation -> its client's sender
+        # each relayed generation (its llm request id and row) -> its client's sender
+        self.live: dict[tuple[str, int | None], object] = {}
         self.lock = threading.Lock()
         self.closing = threading.Event()
         threading.Thread(target=self._watch_cancellations, name="tensorrt_llm-cancel", daemon=True).start()
@@ -80,7 +81,7 @@ class TritonPythonModel:
             request_id=request_id,
         )
         with self.lock:
-            self.live.setdefault(request_id, ending.sender)
+            self.live[request_id, batch_index] = ending.sender
         try:
             for response in llm_request.exec(decoupled=True):
                 if response.has_error():
@@ -98,13 +99,15 @@ class TritonPythonModel:
         finally:
             ending.close_if_open()
             with self.lock:
-                self.live.pop(request_id, None)
+                self.live.pop((request_id, batch_index), None)
 
     def _watch_cancellations(self) -> None:
         while not self.closing.wait(CANCEL_POLL_S):
             with self.lock:
-                gone = [rid for rid, sender in self.live.items() if sender.is_cancelled()]
-            for request_id in gone:
+                gone = [key for key, sender in self.live.items() if sender.is_cancelled()]
+                for key in gone:
+                    del self.live[key]  # stopped once
+            for request_id in {request_id for request_id, _ in gone}:
                 stop = pb_utils.InferenceRequest(
                     model_name=self.llm,
                     inputs=[pb_utils.Tensor("stop", np.array([[True]]))],
