@@ -13,6 +13,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -205,6 +206,37 @@ def test_a_stop_request_ends_a_generation_as_inflight_batcher_clients_stop_after
             tokens += 0 if result.as_numpy("output_ids") is None else result.as_numpy("output_ids").size
         client.stop_stream()
     assert tokens < 1900
+
+
+def test_many_short_relayed_generations_at_once_leave_the_server_up(triton):
+    """The relay's cancellation watcher asks each client's sender whether it went away; asked after the FINAL
+    response it crashed tritonserver (TRITONBACKEND_ResponseFactoryIsCancelled on a freed factory)."""
+
+    def client_of(i: int) -> list:
+        got: queue.Queue = queue.Queue()
+        answers = []
+        with grpcclient.InferenceServerClient(triton.grpc_url) as client:
+            client.start_stream(callback=lambda result, error: got.put(error or result))
+            for j in range(10):
+                inputs = [
+                    tensor("input_ids", [[5 + i, 6, 7]], "INT32"),
+                    tensor("request_output_len", [[1 + j % 3]], "INT32"),
+                    tensor("streaming", [[True]], "BOOL"),
+                ]
+                client.async_stream_infer("tensorrt_llm", inputs, enable_empty_final_response=True)
+                while True:
+                    result = got.get(timeout=60)
+                    assert not isinstance(result, Exception), result
+                    final = result.get_response().parameters.get("triton_final_response")
+                    if final is not None and final.bool_param:
+                        answers.append(j)
+                        break
+            client.stop_stream()
+        return answers
+
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(client_of, range(8))) == [list(range(10))] * 8
+    assert triton.process.poll() is None
 
 
 def test_unary_infer_answers_501_in_the_decoupled_deployment(triton):

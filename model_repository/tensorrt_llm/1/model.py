@@ -30,8 +30,7 @@ class TritonPythonModel:
         self.exclude_input_default = params.exclude_input_in_output()
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(params.config)
         self.outputs = [o["name"] for o in params.config["output"]]
-        # each relayed generation (its llm request id and row) -> its client's sender
-        self.live: dict[tuple[str, int | None], object] = {}
+        self.live: set[_Ending] = set()  # the requests being relayed, whose clients may go away
         self.lock = threading.Lock()
         self.closing = threading.Event()
         threading.Thread(target=self._watch_cancellations, name="tensorrt_llm-cancel", daemon=True).start()
@@ -55,7 +54,9 @@ class TritonPythonModel:
             rows = rows[:1]
         wanted = frozenset(request.requested_output_names() or self.outputs)
         request_id = request.request_id() or uuid.uuid4().hex
-        ending = _Ending(len(rows), sender, self.decoupled)
+        ending = _Ending(len(rows), sender, self.decoupled, request_id)
+        with self.lock:
+            self.live.add(ending)
         threads = [
             threading.Thread(
                 target=self._generate, args=(row, i if len(rows) > 1 else None, wanted, request_id, ending)
@@ -80,8 +81,6 @@ class TritonPythonModel:
             ),
             request_id=request_id,
         )
-        with self.lock:
-            self.live[request_id, batch_index] = ending.sender
         try:
             for response in llm_request.exec(decoupled=True):
                 if response.has_error():
@@ -98,16 +97,18 @@ class TritonPythonModel:
                     return
         finally:
             ending.close_if_open()
-            with self.lock:
-                self.live.pop((request_id, batch_index), None)
+            if ending.finished:
+                with self.lock:
+                    self.live.discard(ending)
 
     def _watch_cancellations(self) -> None:
         while not self.closing.wait(CANCEL_POLL_S):
             with self.lock:
-                gone = [key for key, sender in self.live.items() if sender.is_cancelled()]
-                for key in gone:
-                    del self.live[key]  # stopped once
-            for request_id in {request_id for request_id, _ in gone}:
+                live = list(self.live)
+            gone = [ending for ending in live if ending.cancelled()]
+            with self.lock:
+                self.live.difference_update(gone)  # each stopped once
+            for request_id in {ending.request_id for ending in gone}:
                 stop = pb_utils.InferenceRequest(
                     model_name=self.llm,
                     inputs=[pb_utils.Tensor("stop", np.array([[True]]))],
@@ -122,10 +123,12 @@ class _Ending:
     """The client's sender shared by a request's generations: FINAL goes on the last generation's last
     response; without the decoupled policy exactly one response goes out."""
 
-    def __init__(self, generations: int, sender, decoupled: bool) -> None:
+    def __init__(self, generations: int, sender, decoupled: bool, request_id: str) -> None:
         self.open = generations
         self.sender = sender
         self.decoupled = decoupled
+        self.request_id = request_id
+        self.finished = False  # the FINAL response is out
         self.lock = threading.Lock()
         self.this_thread_closed = threading.local()
 
@@ -136,7 +139,9 @@ class _Ending:
                 self.this_thread_closed.value = True
             if not self.decoupled and not last:
                 return
-            self.sender.send(response, flags=FINAL if last and self.open == 0 else 0)
+            final = last and self.open == 0
+            self.sender.send(response, flags=FINAL if final else 0)
+            self.finished = self.finished or final
 
     def close_if_open(self) -> None:
         """A generation whose llm stream ended without its last answer (it was stopped): its share of FINAL."""
@@ -146,6 +151,13 @@ class _Ending:
             self.open -= 1
             if self.open == 0:
                 self.sender.send(flags=FINAL)
+                self.finished = True
+
+    def cancelled(self) -> bool:
+        """Whether the client went away. Never asked once the FINAL response is out: Triton frees the sender's
+        response factory with it, and asking then crashes tritonserver (TRITONBACKEND_ResponseFactoryIsCancelled)."""
+        with self.lock:
+            return not self.finished and self.sender.is_cancelled()
 
 
 def _scalar(row: dict, name: str, default: int) -> int:
