@@ -134,7 +134,6 @@ class Responder:
         self.include_stop_words = request.include_stop_words
         self.detokenizing = {"skip_special_tokens": np.array([[request.skip_special_tokens]])}
         self.batch_index = batch_index
-        self.row = {} if batch_index is None else {"batch_index": np.array([[batch_index]], dtype=np.int32)}
         self.beams = beams
         self.pacing = pacing
         # TensorRT-LLM's rule: unless excluded, a non-streaming response's output_ids start with the prompt
@@ -229,7 +228,7 @@ class Responder:
             "accepted_prediction_tokens": np.array([[seq.accepted_prediction_tokens]], dtype=np.int32),
             "rejected_prediction_tokens": np.array([[seq.rejected_prediction_tokens]], dtype=np.int32),
             **self.detokenizing,
-            **self.row,
+            **({} if self.batch_index is None else {"batch_index": np.array([[self.batch_index]], dtype=np.int32)}),
         }
 
     def _requested(self, seq, num_new: int, finished: bool) -> dict[str, np.ndarray]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import RequestError
-from ..request_parameters import batch_rows
+from ..request_parameters import batch_rows, scalar
 from . import response_status
 
 # tensorrtllm_backend's preprocessing and postprocessing, called on their own (its end_to_end_test does): their
@@ -120,12 +120,12 @@ def generations(inputs: dict[str, np.ndarray], exclude_input_default: bool, deco
     """A request's tensors -> the llm's tensors of each generation in it, in batch order."""
     ids = inputs.get("input_ids")
     batch = 1 if ids is None or ids.ndim < 2 else ids.shape[0]
-    if not decoupled:
-        if _flag(inputs, "streaming"):
-            raise RequestError("streaming", STREAMING_NEEDS_DECOUPLED)
+    if not decoupled:  # in utils.cc's order: the batch, then streaming
         if batch > 1:
             raise RequestError("input_ids", BATCH_NEEDS_DECOUPLED)
-        if _value(inputs, "num_return_sequences", 1) > 1 and _value(inputs, "beam_width", 1) == 1:
+        if scalar(inputs.get, "streaming", False):
+            raise RequestError("streaming", STREAMING_NEEDS_DECOUPLED)
+        if scalar(inputs.get, "num_return_sequences", 1) > 1 and scalar(inputs.get, "beam_width", 1) == 1:
             raise RequestError(
                 "num_return_sequences", "num_return_sequences > 1 answers once a sample: it needs decoupled mode"
             )
@@ -137,15 +137,6 @@ def generations(inputs: dict[str, np.ndarray], exclude_input_default: bool, deco
     if "exclude_input_in_output" not in converted:
         converted["exclude_input_in_output"] = np.full((batch, 1), exclude_input_default, dtype=bool)
     return batch_rows(converted)
-
-
-def _value(inputs: dict[str, np.ndarray], name: str, default):
-    array = inputs.get(name)
-    return default if array is None or not array.size else array.reshape(-1)[0].item()
-
-
-def _flag(inputs: dict[str, np.ndarray], name: str) -> bool:
-    return bool(_value(inputs, name, False))
 
 
 @dataclass

@@ -39,13 +39,8 @@ class DirectRoute:
         steps = list(ensemble_config.ensemble_scheduling.step)
         # the middle step is tensorrt_llm, TensorRT-LLM's face over llm, in a unary deployment
         # (runtime/decoupled_mode.py): the shim streams from llm itself either way
-        middle = steps[1].model_name if len(steps) == 3 else None
-        expected = [
-            names.preprocessing,
-            middle if middle in (names.llm, names.tensorrt_llm) else names.llm,
-            names.postprocessing,
-        ]
-        if [s.model_name for s in steps] != expected or not tokenizer_snapshot:
+        routes = [[names.preprocessing, middle, names.postprocessing] for middle in (names.llm, names.tensorrt_llm)]
+        if [s.model_name for s in steps] not in routes or not tokenizer_snapshot:
             return None
         pre, llm, post = steps
         llm_output_of = {tensor: name for name, tensor in llm.output_map.items()}

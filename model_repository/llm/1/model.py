@@ -122,10 +122,12 @@ class TritonPythonModel:
         sample of the last row to finish."""
         generations = [self._parse(row.get, request) for row in rows]
         group = SampleGroup(sum(len(samples) for _, samples, _ in generations))
-        parsed, _, beams = generations[0]
-        mux = self._multiplexed(rows[0].get, request.request_id(), parsed.params, beams or parsed.draft_tokens)
+        mux = None  # a batch's rows are answered on their request
+        if len(rows) == 1:
+            parsed, _, beams = generations[0]
+            mux = self._multiplexed(rows[0].get, request.request_id(), parsed.params, beams or parsed.draft_tokens)
         wanted = frozenset(request.requested_output_names())
-        channel = Channel(sender, wanted, self.responses, self.metrics.finished, mux if len(rows) == 1 else None)
+        channel = Channel(sender, wanted, self.responses, self.metrics.finished, mux)
         submissions = []
         for index, (parsed, samples, beams) in enumerate(generations):
             interval, batch_index = parsed.stream_interval or self.stream_interval, index if len(rows) > 1 else None

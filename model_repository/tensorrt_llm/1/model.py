@@ -16,6 +16,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from tritonllm import errors
+from tritonllm.request_parameters import scalar
 from tritonllm.runtime import tensorrt_llm_face
 from tritonllm.runtime.model_config import ModelParameters
 
@@ -71,7 +72,7 @@ class TritonPythonModel:
             wanted,
             _end_id(row),
             batch_index,
-            1 if _scalar(row, "beam_width", 1) > 1 else _scalar(row, "num_return_sequences", 1),
+            1 if scalar(row.get, "beam_width", 1) > 1 else scalar(row.get, "num_return_sequences", 1),
         )
         llm_request = pb_utils.InferenceRequest(
             model_name=self.llm,
@@ -81,22 +82,24 @@ class TritonPythonModel:
             ),
             request_id=request_id,
         )
+        answered = False  # its last answer went out
         try:
             for response in llm_request.exec(decoupled=True):
                 if response.has_error():
+                    answered = True
                     ending.send(pb_utils.InferenceResponse(error=response.error()), last=True)
                     return
                 arrays = {t.name(): t.as_numpy() for t in response.output_tensors()}
                 if "finish_reason" not in arrays:  # an empty FINAL, or a control request's answer
                     continue
                 answer = generation.response(arrays)
-                ending.send(
-                    pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in answer.items()]), last=generation.done
-                )
-                if generation.done:
+                answered = generation.done
+                ending.send(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in answer.items()]), answered)
+                if answered:
                     return
         finally:
-            ending.close_if_open()
+            if not answered:
+                ending.close()
             if ending.finished:
                 with self.lock:
                     self.live.discard(ending)
@@ -130,23 +133,20 @@ class _Ending:
         self.request_id = request_id
         self.finished = False  # the FINAL response is out
         self.lock = threading.Lock()
-        self.this_thread_closed = threading.local()
 
     def send(self, response, last: bool) -> None:
+        """`last`: the generation's last answer, which closes its share of FINAL."""
         with self.lock:
             if last:
                 self.open -= 1
-                self.this_thread_closed.value = True
             if not self.decoupled and not last:
                 return
             final = last and self.open == 0
             self.sender.send(response, flags=FINAL if final else 0)
             self.finished = self.finished or final
 
-    def close_if_open(self) -> None:
+    def close(self) -> None:
         """A generation whose llm stream ended without its last answer (it was stopped): its share of FINAL."""
-        if getattr(self.this_thread_closed, "value", False):
-            return
         with self.lock:
             self.open -= 1
             if self.open == 0:
@@ -160,11 +160,6 @@ class _Ending:
             return not self.finished and self.sender.is_cancelled()
 
 
-def _scalar(row: dict, name: str, default: int) -> int:
-    array = row.get(name)
-    return default if array is None or not array.size else int(array.reshape(-1)[0])
-
-
 def _end_id(row: dict) -> int | None:
-    end_id = _scalar(row, "end_id", -1)
+    end_id = scalar(row.get, "end_id", -1)
     return None if end_id < 0 else end_id
