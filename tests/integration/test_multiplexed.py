@@ -4,10 +4,12 @@ responses as rows of one stream, the same answers as each generation's own strea
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 from triton_helpers import metric, wait_for
 
+from tritonllm.shim import mux_channel
 from tritonllm.shim.triton_client import GenerationRequest, TritonLLMClient
 
 STREAMS = 8
@@ -59,4 +61,32 @@ async def test_concurrent_generations_on_the_channel_equal_their_own_streams(tri
     assert through_channel == through_ensemble
     assert with_log_probs == through_ensemble
     assert channel.closed  # close() closed it with a stop request, as the llm's FINAL response
+    assert wait_for(lambda: metric(triton, "tritonllm_kv_blocks_used") == 0, timeout=30)
+
+
+@pytest.mark.asyncio
+async def test_a_worn_channel_gives_way_to_a_fresh_one_and_closes_once_its_generations_end(triton, monkeypatch):
+    # tritonserver 2.51 keeps every response of a stream until it ends: a channel must not live as long as the server
+    monkeypatch.setattr(mux_channel, "ROTATE_AFTER_RESPONSES", 5)
+    muxed, alone = TritonLLMClient(triton.grpc_url), TritonLLMClient(triton.grpc_url, direct=False)
+    long_request = dataclasses.replace(_request(0), max_tokens=600)
+    try:
+        spanning = asyncio.create_task(_answer(muxed, long_request))
+        assert await asyncio.to_thread(wait_for, lambda: muxed._mux is not None and muxed._mux.worn, 60)
+        first = muxed._mux
+        later = asyncio.gather(*(_answer(muxed, _request(i)) for i in range(1, STREAMS)))
+        # sent on fresh channels; the first stays open while the long one, sent on it, still runs
+        assert await asyncio.to_thread(wait_for, lambda: muxed._mux is not first, 60)
+        assert spanning.done() or not first.closed
+        through_channels = [await spanning, *await asyncio.wait_for(later, 120)]
+        await asyncio.wait_for(first.closing(), 30)  # closed by a stop once its last generation ended
+        reference = [
+            await _answer(alone, long_request),
+            *[await _answer(alone, _request(i)) for i in range(1, STREAMS)],
+        ]
+    finally:
+        await muxed.close()
+        await alone.close()
+    assert first.closed and first.responses >= 5
+    assert through_channels == reference
     assert wait_for(lambda: metric(triton, "tritonllm_kv_blocks_used") == 0, timeout=30)

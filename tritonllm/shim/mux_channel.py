@@ -1,5 +1,12 @@
 """The shim's end of the llm's multiplexed channel (tritonllm/runtime/multiplex.py): one gRPC stream that carries
-the responses of the shim's generations, a row each, handed here to each generation's reader."""
+the responses of the shim's generations, a row each, handed here to each generation's reader.
+
+A channel is worn after ROTATE_AFTER_RESPONSES responses: tritonserver 2.51's gRPC frontend keeps every response
+of a streaming request, written or not, until the request ends (its ResponseQueue only grows; reused slots came in
+triton-inference-server/server #7879, in 2.56), so a channel that lived as long as the server grew tritonserver's
+memory by every token it carried. The shim sends new generations on a fresh channel and closes the worn one once
+the generations sent on it have ended.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,10 @@ from typing import Any
 import numpy as np
 
 from ..runtime import multiplex
+
+# Each response tritonserver keeps costs it about a kilobyte (a protobuf of the rows' outputs), so a thousand bound a
+# channel to about a megabyte, at the cost of one request to open it and one to close it.
+ROTATE_AFTER_RESPONSES = 1000
 
 
 class ChannelClosed(Exception):
@@ -33,6 +44,9 @@ class MuxChannel:
         self._outputs = outputs
         self._listeners: dict[str, Callable[[object], None]] = {}
         self._reader: asyncio.Task | None = None
+        self._holders = 0  # generations sent on the channel whose own stream has not ended
+        self._unheld = asyncio.Event()
+        self._unheld.set()
 
     async def open(self) -> bool:
         """Waits for the llm's first, empty answer: whether the channel is open (`refusal` says why not, where the
@@ -54,6 +68,27 @@ class MuxChannel:
 
     def forget(self, request_id: str) -> None:
         self._listeners.pop(request_id, None)
+
+    def hold(self, own_stream: asyncio.Future) -> None:
+        """A generation sent on the channel holds it open until `own_stream` (its own request's stream) is done:
+        the llm sends a generation's last rows before the FINAL response of its own request."""
+        self._holders += 1
+        self._unheld.clear()
+        own_stream.add_done_callback(self._release)
+
+    def _release(self, _: asyncio.Future) -> None:
+        self._holders -= 1
+        if not self._holders:
+            self._unheld.set()
+
+    @property
+    def worn(self) -> bool:
+        """Whether new generations should go to a fresh channel (see the module's docstring)."""
+        return self.responses >= ROTATE_AFTER_RESPONSES
+
+    async def unheld(self) -> None:
+        """Waits until no generation sent on the channel can get rows on it any more."""
+        await self._unheld.wait()
 
     async def closing(self) -> None:
         """Waits until the channel's stream has ended (after a stop request for its id)."""

@@ -466,7 +466,7 @@ class TritonLLMClient:
                 yield chunk
 
     async def _generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
-        route = await self.direct_route()
+        route, mux = await self.direct_route(), None
         if route is None:
             call = self._open(self.names.ensemble, request.inputs(), request.request_id)
             to_chunk = _ensemble_chunk
@@ -483,6 +483,7 @@ class TritonLLMClient:
             call = self._open(self.names.llm, _infer_inputs(llm_inputs), request.request_id, late_rows=mux is not None)
             if mux is not None:
                 mux.listen(request.request_id, call.deliver)
+                mux.hold(call.reader)
 
             def to_chunk(result) -> Chunk:
                 outputs = result.arrays if isinstance(result, multiplex.Row) else _all_outputs(result)
@@ -502,8 +503,8 @@ class TritonLLMClient:
                 if done:
                     return
         finally:
-            if route is not None and self._mux is not None:
-                self._mux.forget(request.request_id)
+            if mux is not None:
+                mux.forget(request.request_id)
             if not done:
                 # Not awaited here: this runs while the caller's task is being torn down.
                 self._run_in_background(self._end(call, request.request_id))
@@ -524,15 +525,27 @@ class TritonLLMClient:
         return self._route
 
     async def _close_mux(self) -> None:
-        if self._mux is not None and not self._mux.closed:
-            with contextlib.suppress(TritonRequestError, TritonUnavailable):
-                await self.stop(self._mux.id)
-                await asyncio.wait_for(self._mux.closing(), FINISH_GRACE_S)
+        if self._mux is not None:
+            await self._close_channel(self._mux)
+
+    async def _close_channel(self, channel: MuxChannel) -> None:
+        if not channel.closed:
+            with contextlib.suppress(TritonRequestError, TritonUnavailable, TimeoutError):
+                await self.stop(channel.id)
+                await asyncio.wait_for(channel.closing(), FINISH_GRACE_S)
+
+    async def _retire(self, channel: MuxChannel) -> None:
+        """Closes a worn channel once the generations sent on it have ended."""
+        await channel.unheld()
+        await self._close_channel(channel)
 
     async def _mux_channel(self) -> MuxChannel | None:
-        """The llm's multiplexed channel for this shim's generations, opened at the first and again after it
-        closed (a restarted llm); None where the llm refuses it."""
+        """The llm's multiplexed channel for this shim's generations, opened at the first, again after it closed (a
+        restarted llm) and when it is worn (mux_channel.py); None where the llm refuses it."""
         async with self._mux_lock:
+            if self._mux is not None and not self._mux.closed and self._mux.worn:
+                self._run_in_background(self._retire(self._mux))
+                self._mux = None
             if (self._mux is None or self._mux.closed) and not self._mux_refused:
                 channel_id = f"mux-{uuid.uuid4().hex}"
                 opening = self._open(
