@@ -349,8 +349,9 @@ def write_report(soak: Soak, name: str) -> bool:
         "| process | RSS at the half, MB | at the end, MB | slope over the second half, MB/min |",
         "|---|---|---|---|",
     ]
-    for name, slope in slopes(soak).items():
-        lines.append(f"| {name} | {warm_up.get(name, 0):.1f} | {soak.rss_mb[-1][1].get(name, 0):.1f} | {slope:+.3f} |")
+    for process, slope in slopes(soak).items():
+        at_end = soak.rss_mb[-1][1].get(process, 0)
+        lines.append(f"| {process} | {warm_up.get(process, 0):.1f} | {at_end:.1f} | {slope:+.3f} |")
     lines += ["", "Summed RSS of the server's processes (MB), each minute:", ""]
     minute_marks = [rss for t, rss in summed(soak) if int(t) % 60 < 10] or [rss for _, rss in summed(soak)]
     lines.append(", ".join(f"{rss:.0f}" for rss in minute_marks))
