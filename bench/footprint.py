@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -51,7 +52,7 @@ from peers import (
     vllm,
 )
 from run import RESULTS, machine
-from serving_cost import process_name
+from serving_cost import process_name, rss_by_role, server_processes
 
 CONTEXT_TOKENS = 16384
 MB = 2**20
@@ -81,30 +82,18 @@ class Case:
     load_embedding: bool = False
 
 
-def processes(server: Server) -> list[psutil.Process]:
-    root = psutil.Process(server.process.pid)
-    return [root, *root.children(recursive=True)]
-
-
-def role(process: psutil.Process, ours_: bool) -> str:
-    return process_name(process) if ours_ else process.name()
-
-
-def rss_by_process(server: Server, ours_: bool) -> dict[str, float]:
-    rss: dict[str, float] = defaultdict(float)
-    for process in processes(server):
-        with contextlib.suppress(psutil.Error):
-            rss[role(process, ours_)] += process.memory_info().rss / MB
-    return dict(rss)
+def role(ours_: bool) -> Callable[[psutil.Process], str]:
+    """How a process is named in the tables: this project's by role, a peer's by its executable."""
+    return process_name if ours_ else psutil.Process.name
 
 
 def idle_memory(server: Server, ours_: bool, result: Footprint) -> None:
     rss, pss = defaultdict(float), defaultdict(float)
-    for process in processes(server):
+    for process in server_processes(server):
         with contextlib.suppress(psutil.Error):
             info = process.memory_full_info()
-            rss[role(process, ours_)] += info.rss / MB
-            pss[role(process, ours_)] += info.pss / MB
+            rss[role(ours_)(process)] += info.rss / MB
+            pss[role(ours_)(process)] += info.pss / MB
     result.idle_rss_mb, result.idle_pss_mb = dict(rss), dict(pss)
 
 
@@ -116,7 +105,7 @@ def peak_during(server: Server, ours_: bool, work) -> dict[str, float]:
     def sample() -> None:
         nonlocal peak
         while not done.is_set():
-            now = rss_by_process(server, ours_)
+            now = rss_by_role(server, role(ours_))
             if sum(now.values()) > sum(peak.values()):
                 peak = now
             time.sleep(0.1)
@@ -151,7 +140,7 @@ def measure(section: str, case: Case, prompts) -> Footprint:
 
         result.peak_rss_mb = peak_during(server, case.ours, load)
         time.sleep(3)
-        result.after_rss_mb = sum(rss_by_process(server, case.ours).values())
+        result.after_rss_mb = sum(rss_by_role(server, role(case.ours)).values())
         return result
     finally:
         server.stop()

@@ -14,14 +14,18 @@ PROMPT_TOKENS = 4000  # the pool is filled with distinct prompts of this length
 BLOCK_TOKENS = 16
 
 
+def metric_sum(metrics_port: int, *names: str) -> float:
+    """The sum of the server's samples of these metrics, over every instance."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(tuple(f"{n}{{" for n in names))]
+    if not values:
+        raise RuntimeError(f"the server exports none of {', '.join(names)}")
+    return sum(values)
+
+
 def pool_tokens(metrics_port: int) -> int:
     """The llm's KV pool in tokens: its blocks (used and free), from its metrics."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
-    blocks = sum(
-        float(line.split()[-1])
-        for line in text.splitlines()
-        if line.startswith(("tritonllm_kv_blocks_used{", "tritonllm_kv_blocks_free{"))
-    )
+    blocks = metric_sum(metrics_port, "tritonllm_kv_blocks_used", "tritonllm_kv_blocks_free")
     if not blocks:
         raise RuntimeError("the llm's metrics show no KV blocks")
     return int(blocks) * BLOCK_TOKENS

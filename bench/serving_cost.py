@@ -27,6 +27,7 @@ import os
 import statistics
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +55,21 @@ def process_name(process: psutil.Process) -> str:
     return "serve (shim)"
 
 
+def server_processes(server: Server) -> list[psutil.Process]:
+    """The server's process and all its descendants (tritonserver, the stubs)."""
+    root = psutil.Process(server.process.pid)
+    return [root, *root.children(recursive=True)]
+
+
+def rss_by_role(server: Server, role: Callable[[psutil.Process], str] = process_name) -> dict[str, float]:
+    """RSS in MiB of the server's processes, summed by `role`."""
+    rss: dict[str, float] = defaultdict(float)
+    for process in server_processes(server):
+        with contextlib.suppress(psutil.Error):
+            rss[role(process)] += process.memory_info().rss / 2**20
+    return dict(rss)
+
+
 # The benchmark's own streaming client, on the same two cores: the in-process engine pays no client, so this
 # much of served ÷ in-process is the measurement's, not the server's.
 CLIENT = "client (this benchmark)"
@@ -66,9 +82,8 @@ def busy_seconds(process: psutil.Process) -> float:
 
 def cpu_seconds(server: Server) -> dict[str, float]:
     """CPU seconds so far of the server's processes by role, and of this benchmark's own process as CLIENT."""
-    root = psutil.Process(server.process.pid)
     seconds: dict[str, float] = defaultdict(float)
-    for process in [root, *root.children(recursive=True)]:
+    for process in server_processes(server):
         with contextlib.suppress(psutil.Error):
             seconds[process_name(process)] += busy_seconds(process)
     seconds[CLIENT] = busy_seconds(psutil.Process())

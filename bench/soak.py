@@ -32,7 +32,6 @@ import random
 import statistics
 import sys
 import time
-import urllib.request
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,10 +39,9 @@ from pathlib import Path
 import httpx
 import kv_pool
 import numpy as np
-import psutil
 from peers import MODEL, Server, free_port, ours
 from run import RESULTS, machine
-from serving_cost import process_name
+from serving_cost import rss_by_role
 
 CLIENTS = 8
 MAX_RSS_GROWTH = 0.10
@@ -204,32 +202,15 @@ async def traffic(base_url: str, seconds: float, soak: Soak) -> None:
         await client.close()
 
 
-def processes(server: Server) -> list[psutil.Process]:
-    root = psutil.Process(server.process.pid)
-    return [root, *root.children(recursive=True)]
-
-
-def rss_by_process(server: Server) -> dict[str, float]:
-    rss: dict[str, float] = defaultdict(float)
-    for process in processes(server):
-        with contextlib.suppress(psutil.Error):
-            rss[process_name(process)] += process.memory_info().rss / MB
-    return dict(rss)
-
-
 async def sample_rss(server: Server, soak: Soak, started: float, stop: asyncio.Event) -> None:
     while not stop.is_set():
-        soak.rss_mb.append((time.monotonic() - started, rss_by_process(server)))
+        soak.rss_mb.append((time.monotonic() - started, rss_by_role(server)))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 10)
 
 
 def kv_blocks_used(metrics_port: int) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
-    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith("tritonllm_kv_blocks_used{")]
-    if not values:
-        raise RuntimeError("the server exports no tritonllm_kv_blocks_used")
-    return sum(values)
+    return kv_pool.metric_sum(metrics_port, "tritonllm_kv_blocks_used")
 
 
 def run(minutes: float, tree: Path | None) -> Soak:
@@ -247,7 +228,7 @@ def run(minutes: float, tree: Path | None) -> Soak:
             await sampler
 
         asyncio.run(main())
-        soak.rss_mb.append((soak.rss_mb[-1][0] + 10, rss_by_process(server)))
+        soak.rss_mb.append((soak.rss_mb[-1][0] + 10, rss_by_role(server)))
         deadline = time.monotonic() + 30
         while (used := kv_blocks_used(metrics_port)) and time.monotonic() < deadline:
             time.sleep(1)
@@ -265,8 +246,9 @@ def summed(soak: Soak) -> list[tuple[float, float]]:
 def rss_growth(soak: Soak) -> tuple[float, float, float]:
     """Summed RSS after the warm-up (the first fifth, at most 5 minutes), at the end, and the growth between them."""
     warm_up = min(soak.minutes * 60 / 5, 300)
-    after_warm_up = next(rss for t, rss in summed(soak) if t >= warm_up)
-    end = summed(soak)[-1][1]
+    totals = summed(soak)
+    after_warm_up = next(rss for t, rss in totals if t >= warm_up)
+    end = totals[-1][1]
     return after_warm_up, end, end / after_warm_up - 1
 
 
@@ -285,8 +267,9 @@ def checks(soak: Soak) -> list[tuple[str, bool]]:
     bad = [o for o in soak.outcomes if o.kind == "bad_request"]
     warm, end, growth = rss_growth(soak)
     server_faults = sum(o.status >= 500 or o.status == 0 for o in soak.outcomes)
-    growing = {name: slope for name, slope in slopes(soak).items() if slope > MAX_SLOPE_MB_PER_MINUTE}
-    steepest = max(slopes(soak).items(), key=lambda kv: kv[1])
+    by_process = slopes(soak)
+    growing = {name: slope for name, slope in by_process.items() if slope > MAX_SLOPE_MB_PER_MINUTE}
+    steepest = max(by_process.items(), key=lambda kv: kv[1])
     return [
         (f"responses with a 5xx or no response: {server_faults}", server_faults == 0),
         (f"valid requests that failed: {sum(not o.ok for o in valid)} of {len(valid)}", all(o.ok for o in valid)),
@@ -343,7 +326,7 @@ def write_report(soak: Soak, name: str) -> bool:
             f"| {kind} | {len(outcomes)} | {sum(o.ok for o in outcomes)} | {statuses} | "
             f"{statistics.median(seconds):.2f} | {seconds[int(0.95 * (len(seconds) - 1))]:.2f} |"
         )
-    warm_up = next(by_process for t, by_process in soak.rss_mb if t >= soak.rss_mb[-1][0] / 2)
+    at_half = next(by_process for t, by_process in soak.rss_mb if t >= soak.rss_mb[-1][0] / 2)
     lines += [
         "",
         "| process | RSS at the half, MB | at the end, MB | slope over the second half, MB/min |",
@@ -351,9 +334,10 @@ def write_report(soak: Soak, name: str) -> bool:
     ]
     for process, slope in slopes(soak).items():
         at_end = soak.rss_mb[-1][1].get(process, 0)
-        lines.append(f"| {process} | {warm_up.get(process, 0):.1f} | {at_end:.1f} | {slope:+.3f} |")
+        lines.append(f"| {process} | {at_half.get(process, 0):.1f} | {at_end:.1f} | {slope:+.3f} |")
     lines += ["", "Summed RSS of the server's processes (MB), each minute:", ""]
-    minute_marks = [rss for t, rss in summed(soak) if int(t) % 60 < 10] or [rss for _, rss in summed(soak)]
+    totals = summed(soak)
+    minute_marks = [rss for t, rss in totals if int(t) % 60 < 10] or [rss for _, rss in totals]
     lines.append(", ".join(f"{rss:.0f}" for rss in minute_marks))
     failures = [o for o in soak.outcomes if not o.ok][:10]
     if failures:
