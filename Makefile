@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 install: $(VENV)/.installed
 
 # pgrep finds the stubs a server leaves; curl runs the README examples; openssl makes the TLS test's certificate;
-# tcmalloc is the allocator tritonserver and the stubs run with (tritonllm/runtime/allocator.py; its package is
+# tcmalloc is the allocator tritonserver and the stubs run with (tritonllm/launcher/allocator.py; its package is
 # libtcmalloc-minimal4t64 from Debian 13 and Ubuntu 24.04 on).
 system-deps:
 	@command -v pgrep >/dev/null && command -v curl >/dev/null && command -v openssl >/dev/null && \
@@ -147,11 +147,13 @@ bench-start-time: install kernels $(MODELS)/$(DEFAULT_MODEL)/config.json
 lint: install
 	$(VENV)/bin/ruff check tritonllm model_repository optional_models tests client bench
 	$(VENV)/bin/ruff format --check tritonllm model_repository optional_models tests client bench
-	$(PY) -m tritonllm.runtime.parameter_configs --check
+	$(PY) -m tritonllm.launcher.parameter_configs --check
+	# the package layers and the import rules of pyproject.toml [tool.importlinter]
+	$(VENV)/bin/lint-imports
 
-# The config and docs sections written from tritonllm/request_parameters.py
+# The config and docs sections written from tritonllm/common/request_parameters.py
 configs: install
-	$(PY) -m tritonllm.runtime.parameter_configs
+	$(PY) -m tritonllm.launcher.parameter_configs
 
 perf-analyzer: install
 	$(CLI) perf-analyzer --version

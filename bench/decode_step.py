@@ -19,11 +19,11 @@ import time
 
 from run import RESULTS, ROOT, machine, under_the_servers_allocator
 
+from tritonllm.engine.device import resolve_device
 from tritonllm.engine.engine import EngineConfig, LLMEngine
-from tritonllm.engine.model_runner import resolve_device
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import Sequence
-from tritonllm.runtime import gguf
+from tritonllm.formats import gguf
 
 Q4_1 = ROOT / ".cache" / "wheels" / "SmolLM2-135M-Instruct.Q4_1.gguf"  # from the wheel, by `make model`
 NEW_TOKENS = 64

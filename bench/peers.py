@@ -65,7 +65,7 @@ from run import (
 )
 
 from tritonllm.engine import cpu_kernels
-from tritonllm.runtime.allocator import allocator_library
+from tritonllm.launcher.allocator import allocator_library
 
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct"
 Q4_1_GGUF = ROOT / ".cache" / "wheels" / "SmolLM2-135M-Instruct.Q4_1.gguf"  # from the wheel, by `make model`
@@ -80,7 +80,7 @@ LARGER_GGUF = CACHE / "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"
 
 
 def free_port() -> int:
-    from tritonllm.runtime.tritonserver import free_port as port
+    from tritonllm.launcher.tritonserver import free_port as port
 
     return port()
 
@@ -477,7 +477,7 @@ def main() -> None:
         if section not in weights:
             continue
         if section == "larger":
-            from tritonllm.runtime import gguf
+            from tritonllm.formats import gguf
 
             larger_gguf()
             model_dir = gguf.hf_model_dir(file)  # transformers' dequantization, the agreement's reference

@@ -93,7 +93,7 @@ def make_prompts(tokenizer, w: Workload, seed: int = 7, english: bool = False) -
     on which a real model, its end token ignored, tends to write invalid bytes)."""
     import random
 
-    from tritonllm.runtime.demo_model import ENGLISH_WORDS, synthetic_corpus
+    from tritonllm.formats.demo_model import ENGLISH_WORDS, synthetic_corpus
 
     count = w.requests * 8 * 4
     if english:
@@ -255,8 +255,8 @@ class EnsembleStreams:
         return from_timestamps(case, starts, stamps, wall)
 
     async def _one(self, client, text: str, stream_interval: int, starts: list, stamps: list) -> None:
-        from tritonllm.runtime.model_set import REPOSITORY_NAMES
         from tritonllm.shim.triton_client import _infer_input as infer_input
+        from tritonllm.wire.triton_names import REPOSITORY_NAMES
 
         inputs = [
             infer_input("text_input", "BYTES", np.array([[text.encode()]], dtype=np.object_)),
@@ -287,8 +287,8 @@ class TritonEnsemble(EnsembleStreams, contextlib.AbstractContextManager):
     """Cases e and e2: one tritonserver for every run; each run streams all requests at once over gRPC."""
 
     def __init__(self, model_dir: Path, w: Workload) -> None:
-        from tritonllm.runtime.model_config import MODEL_DIR_ENV
-        from tritonllm.runtime.tritonserver import TritonServer, free_port
+        from tritonllm.backend.model_parameters import MODEL_DIR_ENV
+        from tritonllm.launcher.tritonserver import TritonServer, free_port
 
         self.server = TritonServer(
             ROOT / "model_repository",
@@ -307,9 +307,9 @@ class TritonEnsemble(EnsembleStreams, contextlib.AbstractContextManager):
 
 def under_the_servers_allocator() -> None:
     """Runs this script again with the allocator `serve` preloads into tritonserver and the llm
-    (tritonllm/runtime/allocator.py), unless it runs with it already: an in-process engine is then measured as
+    (tritonllm/launcher/allocator.py), unless it runs with it already: an in-process engine is then measured as
     the server runs it (tcmalloc spares its steps page faults that glibc's malloc takes)."""
-    from tritonllm.runtime.allocator import with_allocator
+    from tritonllm.launcher.allocator import with_allocator
 
     env = with_allocator(dict(os.environ))
     if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD"):

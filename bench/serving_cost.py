@@ -111,7 +111,7 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
-    from tritonllm.runtime import gguf
+    from tritonllm.formats import gguf
 
     w = WORKLOADS[args.workload]
     tokens = w.requests * w.new_tokens

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from tritonllm.backend.model_parameters import MODEL_DIR_ENV
 from tritonllm.engine.config import OVERRIDES_ENV
-from tritonllm.runtime import gguf
-from tritonllm.runtime.model_config import MODEL_DIR_ENV
-from tritonllm.runtime.tritonserver import TritonServer, free_ports
+from tritonllm.formats import gguf
+from tritonllm.launcher.tritonserver import TritonServer, free_ports
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = PROJECT_ROOT / "model_repository"
@@ -34,7 +34,7 @@ def demo_model(name: str) -> Path:
     """models/<name>, built first where `make model` has not built it."""
     path = MODELS / name
     if not (path / "config.json").exists():
-        from tritonllm.runtime.demo_model import build_demo_models
+        from tritonllm.formats.demo_model import build_demo_models
 
         build_demo_models(MODELS, [name], progress=lambda _: None)
     return path
@@ -123,7 +123,7 @@ def sentence_model():
     """The packaged all-MiniLM-L6-v2 in sentence-transformers, the oracle of the embedding model."""
     from sentence_transformers import SentenceTransformer
 
-    from tritonllm.embedding import embedding_model_dir
+    from tritonllm.backend.embedding import embedding_model_dir
 
     return SentenceTransformer(str(embedding_model_dir()), device="cpu")
 
@@ -135,7 +135,7 @@ def cross_encoder_dir(tmp_path_factory) -> Path:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from tritonllm.embedding import embedding_model_dir
+    from tritonllm.backend.embedding import embedding_model_dir
 
     folder = tmp_path_factory.mktemp("cross-encoder")
     tokenizer = AutoTokenizer.from_pretrained(embedding_model_dir())

@@ -10,7 +10,7 @@ import urllib.request
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from tritonllm.runtime.tritonserver import TritonServer
+from tritonllm.launcher.tritonserver import TritonServer
 
 
 def tensor(name: str, value, datatype: str) -> grpcclient.InferInput:

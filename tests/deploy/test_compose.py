@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tritonllm import cli
+from tritonllm.launcher import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 STAND_INS = {

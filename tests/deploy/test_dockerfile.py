@@ -13,7 +13,7 @@ import tomllib
 import yaml
 from dockerfile_parse import DockerfileParser
 
-from tritonllm import cli
+from tritonllm.launcher import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,7 +60,7 @@ def test_the_image_exposes_the_charts_ports_and_runs_a_command_tritonllm_accepts
 
 def test_an_installed_package_carries_every_kernel_source():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert project["project"]["scripts"]["tritonllm"] == "tritonllm.cli:main"
+    assert project["project"]["scripts"]["tritonllm"] == "tritonllm.launcher.cli:main"
     patterns = project["tool"]["setuptools"]["package-data"]["tritonllm.engine"]
     kernels = ROOT / "tritonllm" / "engine"
     sources = [path.relative_to(kernels).as_posix() for path in (kernels / "kernels").iterdir() if path.is_file()]
@@ -68,5 +68,5 @@ def test_an_installed_package_carries_every_kernel_source():
 
 
 def test_the_image_installs_the_allocator_serve_preloads():
-    """Without it Triton runs on glibc's malloc, a quarter of tritonserver's CPU (runtime/allocator.py)."""
+    """Without it Triton runs on glibc's malloc, a quarter of tritonserver's CPU (launcher/allocator.py)."""
     assert any("apt-get install" in run and "libtcmalloc-minimal4" in run for run in instructions("RUN"))

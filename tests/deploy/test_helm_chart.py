@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tritonllm import cli
+from tritonllm.launcher import cli
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "tritonllm"
 KUBERNETES = "1.30.0"

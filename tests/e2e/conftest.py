@@ -17,7 +17,7 @@ import pytest
 import uvicorn
 from conftest import MODELS, PROJECT_ROOT, launch_triton
 
-from tritonllm.runtime.tritonserver import free_port, free_ports
+from tritonllm.launcher.tritonserver import free_port, free_ports
 from tritonllm.shim.app import create_app
 from tritonllm.shim.settings import ShimSettings
 

@@ -10,8 +10,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from tritonllm import cli
-from tritonllm.runtime.tritonserver import API_KEY_HEADER, GRPC_API_KEY_HEADER
+from tritonllm.launcher import cli
+from tritonllm.wire.api_key import API_KEY_HEADER, GRPC_API_KEY_HEADER
 
 from .conftest import running_serve
 

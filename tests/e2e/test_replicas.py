@@ -21,7 +21,7 @@ import pytest
 from conftest import MODELS, PROJECT_ROOT
 from triton_helpers import metric, wait_for
 
-from tritonllm.runtime.tritonserver import free_ports
+from tritonllm.launcher.tritonserver import free_ports
 
 MAX_TOKENS = 400  # long enough to be streaming when the kill comes
 DRAIN_S = 600

@@ -15,7 +15,7 @@ from conftest import MODELS
 from oracles import greedy_text
 from triton_helpers import metric
 
-from tritonllm.runtime import gguf
+from tritonllm.formats import gguf
 
 from .conftest import MODEL, running_serve
 

@@ -13,8 +13,8 @@ import pytest
 import tritonclient.http as httpclient
 from conftest import REPOSITORY, launch_triton
 
-from tritonllm.embedding import EMBEDDING_MODEL_DIR_ENV, embedding_model_dir
-from tritonllm.runtime.tritonserver import ServerError, TritonServer
+from tritonllm.backend.embedding import EMBEDDING_MODEL_DIR_ENV, embedding_model_dir
+from tritonllm.launcher.tritonserver import ServerError, TritonServer
 
 
 def embedding_only(tmp_path: Path) -> Path:

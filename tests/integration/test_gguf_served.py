@@ -10,7 +10,7 @@ from conftest import launch_triton
 from oracles import greedy_text
 from triton_helpers import Stream
 
-from tritonllm.runtime import gguf
+from tritonllm.formats import gguf
 
 from .test_triton import ensemble_inputs, text_of
 

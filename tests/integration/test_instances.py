@@ -16,7 +16,7 @@ from conftest import launch_triton
 from oracles import greedy_ids, merged, random_adapter
 from triton_helpers import Stream, metric, metric_series, tensor, wait_for
 
-from tritonllm.cli import build_parser
+from tritonllm.launcher.cli import build_parser
 
 from .test_triton import llm_inputs, send_stop
 

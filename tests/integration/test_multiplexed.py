@@ -1,4 +1,4 @@
-"""The llm's multiplexed channel (tritonllm/runtime/multiplex.py) as the shim's client uses it: many generations'
+"""The llm's multiplexed channel (tritonllm/wire/multiplex.py) as the shim's client uses it: many generations'
 responses as rows of one stream, the same answers as each generation's own stream gives."""
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ import urllib.request
 import pytest
 from conftest import REPOSITORY, launch_triton
 
-from tritonllm.runtime.tritonserver import ServerError
-from tritonllm.tokenizer import model_cache
+from tritonllm.formats import model_cache
+from tritonllm.launcher.tritonserver import ServerError
 
 
 def test_a_bad_setting_fails_the_start_naming_the_model_and_the_setting(tiny_model_dir, tmp_path):

@@ -366,7 +366,7 @@ def test_perf_analyzer_without_streaming_against_the_ensemble_and_tensorrt_llm(u
         (tmp_path / f"{model}.json").write_text(json.dumps({"data": [entry]}))
         proc = subprocess.run(
             [
-                *(sys.executable, "-m", "tritonllm.cli", "perf-analyzer"),
+                *(sys.executable, "-m", "tritonllm.launcher.cli", "perf-analyzer"),
                 *("-m", model, "-i", "grpc", "-u", unary_triton.grpc_url),
                 *("--input-data", str(tmp_path / f"{model}.json"), "--concurrency-range", "2"),
                 *("--measurement-mode", "count_windows", "--measurement-request-count", "4"),

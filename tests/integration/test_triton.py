@@ -48,7 +48,7 @@ def text_of(results) -> str:
 
 
 def test_tritonserver_and_every_stub_run_on_tcmalloc(triton):
-    """Preloaded by server_env (runtime/allocator.py): glibc's malloc took a quarter of tritonserver's CPU."""
+    """Preloaded by server_env (launcher/allocator.py): glibc's malloc took a quarter of tritonserver's CPU."""
     stubs = {model: triton.stubs_of(model) for model in ("preprocessing", "llm", "postprocessing", "embedding")}
     assert all(stubs.values()), stubs
     for pid in [triton.process.pid, *(pid for pids in stubs.values() for pid in pids)]:
@@ -240,7 +240,7 @@ def test_perf_analyzer_streams_against_the_ensemble(triton, tmp_path):
     data = Path(__file__).resolve().parents[2] / "client" / "perf_analyzer_input.json"
     proc = subprocess.run(
         [
-            *(sys.executable, "-m", "tritonllm.cli", "perf-analyzer"),
+            *(sys.executable, "-m", "tritonllm.launcher.cli", "perf-analyzer"),
             *("-m", "ensemble", "-i", "grpc", "-u", triton.grpc_url, "--streaming"),
             *("--input-data", str(data), "--concurrency-range", "4"),
             # Three windows of 8 requests each: perf_analyzer needs three to call a measurement stable.
@@ -321,7 +321,7 @@ def test_ensemble_sends_each_conditional_output_only_where_it_says_something(str
     last); asked for log-probs and the prompt's, each response has its tokens' log-probs and only the first the
     prompt's: an optional input the llm left out is not handed on stale from an earlier response."""
     s = stream()
-    # 32 tokens: several responses, though a sender that falls behind may merge some (runtime/coalesce.py)
+    # 32 tokens: several responses, though a sender that falls behind may merge some (backend/coalesce.py)
     s.send("ensemble", [*ensemble_inputs(PROMPTS[1], 32), tensor("ignore_eos", [[True]], "BOOL")])
     plain = s.until_final()
     for i, response in enumerate(plain):

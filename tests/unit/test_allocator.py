@@ -1,4 +1,4 @@
-"""The allocator preloaded into tritonserver and its stubs (runtime/allocator.py)."""
+"""The allocator preloaded into tritonserver and its stubs (launcher/allocator.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from tritonllm.runtime.allocator import SETTING, allocator_library, with_allocator
-from tritonllm.runtime.tritonserver import server_env
+from tritonllm.launcher.allocator import SETTING, allocator_library, with_allocator
+from tritonllm.launcher.tritonserver import server_env
 
 
 def test_tcmalloc_goes_in_front_of_a_preload_already_there(monkeypatch):
@@ -37,7 +37,7 @@ def test_a_missing_library_is_an_error_naming_the_setting(tmp_path):
 
 RELEASE_SCRIPT = """
 import sys
-from tritonllm.runtime.allocator import release_free_memory
+from tritonllm.common.memory import release_free_memory
 
 def rss_mb():
     return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
@@ -61,7 +61,7 @@ def test_what_a_load_freed_goes_back_to_the_system(allocator):
 
 
 def test_serve_refuses_a_missing_allocator_before_starting_anything(tiny_model_dir, tmp_path, monkeypatch, capfd):
-    from tritonllm import cli
+    from tritonllm.launcher import cli
 
     monkeypatch.setenv(SETTING, str(tmp_path / "nothing.so"))
     assert cli.main(["serve", "--model-dir", str(tiny_model_dir)]) == 2

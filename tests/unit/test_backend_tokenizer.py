@@ -13,10 +13,10 @@ import sys
 import pytest
 from conftest import MODELS
 
-from tritonllm.runtime.model_config import load_tokenizer
+from tritonllm.formats.hf_folder import load_tokenizer
+from tritonllm.formats.model_cache import CACHE_ENV, cache_key
 from tritonllm.tokenizer.backend_tokenizer import BackendTokenizer, load_backend_tokenizer, snapshot
 from tritonllm.tokenizer.info import tokenizer_info
-from tritonllm.tokenizer.model_cache import CACHE_ENV, cache_key
 
 TEXTS = [
     "Hello world",

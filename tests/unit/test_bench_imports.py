@@ -30,7 +30,7 @@ def test_every_name_a_bench_script_imports_from_the_package_exists(script: Path)
         imported = importlib.import_module(module)
         if not hasattr(imported, name):
             try:
-                importlib.import_module(f"{module}.{name}")  # a submodule: `from tritonllm.runtime import gguf`
+                importlib.import_module(f"{module}.{name}")  # a submodule: `from tritonllm.formats import gguf`
             except ModuleNotFoundError:
                 missing.append(f"{script.name}:{line}: from {module} import {name}")
     assert not missing, "bench scripts import names the package no longer has:\n" + "\n".join(missing)
@@ -40,4 +40,4 @@ def test_the_bench_scripts_import_from_the_package() -> None:
     """The check above reads the files: it must find their imports, those inside functions too, or it would pass on
     nothing."""
     names = {(module, name) for module, name, _ in package_imports(BENCH / "run.py")}
-    assert ("tritonllm.runtime.model_set", "REPOSITORY_NAMES") in names  # imported inside EnsembleStreams._one
+    assert ("tritonllm.wire.triton_names", "REPOSITORY_NAMES") in names  # imported inside EnsembleStreams._one

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tritonllm.runtime.coalesce import PendingResponse, coalesce, merge
+from tritonllm.backend.coalesce import PendingResponse, coalesce, merge
 
 
 def token_response(tokens: list[int], done: int, reason: bytes = b"", first: bool = False) -> dict:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from tritonllm.embedding import InputTooLong, SentenceEmbedder, UnsupportedEmbeddingModel, embedding_model_dir
+from tritonllm.backend.embedding import InputTooLong, SentenceEmbedder, UnsupportedEmbeddingModel, embedding_model_dir
 
 TEXTS = ["hello world", "A longer sentence, with punctuation and Ünïcödé.", ""]
 
@@ -98,7 +98,7 @@ def test_a_pipeline_it_does_not_compute_is_refused_naming_what(tmp_path):
 
 def test_loading_imports_neither_sentence_transformers_nor_scikit_learn():
     script = (
-        "import sys; from tritonllm.embedding import SentenceEmbedder; SentenceEmbedder().encode(['x']); "
+        "import sys; from tritonllm.backend.embedding import SentenceEmbedder; SentenceEmbedder().encode(['x']); "
         "print(sorted(m for m in ('sentence_transformers', 'sklearn') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout

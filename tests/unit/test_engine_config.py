@@ -9,9 +9,9 @@ import re
 import pytest
 from conftest import REPOSITORY
 
-from tritonllm import cli
 from tritonllm.engine.config import AUTO_KV_SHARE, OVERRIDES_ENV, EngineConfig, available_memory, environment_overrides
 from tritonllm.engine.engine import LLMEngine
+from tritonllm.launcher import cli
 
 
 def pbtxt_parameters() -> dict[str, str]:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 
-from tritonllm import errors
+from tritonllm.common import errors
 from tritonllm.engine import inference_request
 from tritonllm.shim.errors import APIError
 from tritonllm.shim.triton_client import TritonRequestError
@@ -20,16 +22,22 @@ from tritonllm.shim.triton_client import TritonRequestError
 )
 def test_a_typed_error_survives_the_trip_as_its_status_and_field(error, status):
     # the ensemble passes a step's message on, and Triton may put words of its own in front
-    message = f"in ensemble 'ensemble', {errors.to_message(error)}"
+    message = f"in ensemble 'ensemble', {errors.to_message(error, 'r1', logging.getLogger('test'))}"
     refused = APIError.refused(TritonRequestError(message))
     assert (refused.status, refused.param, refused.message) == (status, error.param, error.message)
 
 
-def test_an_untyped_error_is_a_400_with_its_text_and_no_field():
-    refused = APIError.refused(TritonRequestError("Failed to process the request(s) for model 'llm'"))
-    assert (refused.status, refused.param) == (400, None)
-    assert "Failed to process" in refused.message
-    assert errors.to_message(ValueError("plain")) == "plain"
+def test_an_untyped_error_is_an_internal_error_naming_the_request():
+    refused = APIError.refused(TritonRequestError("Failed to process the request(s) for model 'llm'", "r7"))
+    assert (refused.status, refused.param) == (500, None)
+    assert "request r7" in refused.message and "Failed to process" not in refused.message
+
+
+def test_a_bug_inside_a_model_is_logged_and_answered_without_its_words(caplog):
+    bug = ValueError("invalid literal for int() with base 10: 'x'")
+    message = errors.to_message(bug, "r9", logging.getLogger("tritonllm.llm"))
+    assert errors.from_message(message) is None and "r9" in message and "invalid literal" not in message
+    assert "r9" in caplog.text and "invalid literal" in caplog.text  # the traceback goes to the log
 
 
 def test_the_engine_names_the_tensor_it_refuses():

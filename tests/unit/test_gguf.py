@@ -5,8 +5,8 @@ from __future__ import annotations
 from conftest import MODELS
 from safetensors.torch import load_file
 
-from tritonllm.runtime import gguf
-from tritonllm.tokenizer.model_cache import cache_key
+from tritonllm.formats import gguf
+from tritonllm.formats.model_cache import cache_key
 
 
 def test_a_gguf_file_converts_once_into_the_default_models_weights(smollm2_gguf, tmp_path, monkeypatch):

@@ -7,10 +7,10 @@ import asyncio
 import numpy as np
 import pytest
 
-from tritonllm.runtime import multiplex
 from tritonllm.shim import triton_client
 from tritonllm.shim.mux_channel import ChannelClosed
 from tritonllm.shim.triton_client import Call, TritonUnavailable
+from tritonllm.wire import multiplex
 
 
 async def _ended_stream():

@@ -1,4 +1,4 @@
-"""PEFT adapter folders served by the engine (tritonllm/runtime/lora_adapters.py): two adapters and the base model
+"""PEFT adapter folders served by the engine (tritonllm/formats/lora_adapters.py): two adapters and the base model
 in one batch, each greedy answer equal to PEFT's own PeftModel.generate() on the same weights; what the engine
 would not compute as PEFT does refused at load, naming it."""
 
@@ -12,7 +12,7 @@ from oracles import peft_adapter, peft_model
 from tritonllm.engine.lora import AdapterCache, resolve
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import Sequence
-from tritonllm.runtime.lora_adapters import load_peft
+from tritonllm.formats.lora_adapters import load_peft
 
 from .test_engine import make_engine, random_prompts, reference, run
 

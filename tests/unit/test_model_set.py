@@ -1,4 +1,4 @@
-"""Several LLMs in one model repository (runtime/model_set.py): their names, and the staged repository in which
+"""Several LLMs in one model repository (launcher/model_set.py): their names, and the staged repository in which
 each has its own four models, configured with its own folder (served: tests/e2e/test_several_models.py)."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from conftest import REPOSITORY
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from tritonllm.runtime.model_config import ModelParameters
-from tritonllm.runtime.model_set import TritonNames, llm_set, models_in
-from tritonllm.runtime.tritonserver import stage_repository
+from tritonllm.backend.model_parameters import ModelParameters
+from tritonllm.launcher.model_set import llm_set, models_in
+from tritonllm.launcher.tritonserver import stage_repository
 from tritonllm.shim.direct_route import DirectRoute
+from tritonllm.wire.triton_names import TritonNames
 
 
 def config_of(folder: Path) -> model_config_pb2.ModelConfig:
@@ -97,8 +98,8 @@ def snapshot(tiny_model_dir) -> str:
 
 
 def test_the_shim_names_the_models_as_serve_does(tmp_path, tiny_model_dir):
-    from tritonllm import cli
-    from tritonllm.runtime.model_set import REPOSITORY_NAMES
+    from tritonllm.launcher import cli
+    from tritonllm.wire.triton_names import REPOSITORY_NAMES
 
     (tmp_path / "tiny2").symlink_to(tiny_model_dir)
     given = ["--model-dir", str(tiny_model_dir), "--models-folder", str(tmp_path), "--models-max", "1"]

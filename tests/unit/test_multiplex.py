@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tritonllm.runtime import multiplex, response_status
 from tritonllm.tokenizer.postprocess import postprocess
+from tritonllm.wire import multiplex, response_status
 
 
 def _response(new: list[int], preceding: list[int], index: int, reason: bytes = b"") -> dict[str, np.ndarray]:

@@ -15,7 +15,7 @@ from tritonllm.engine import native_decode
 from tritonllm.engine.engine import EngineConfig, LLMEngine
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import Sequence
-from tritonllm.runtime import gguf
+from tritonllm.formats import gguf
 
 SERVED = ["llama", "llama_biased", "qwen2_full"]
 REFUSED = {"mistral": "sliding window", "gemma": "GemmaForCausalLM", "qwen3": "Qwen3ForCausalLM"}

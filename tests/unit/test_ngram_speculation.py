@@ -136,7 +136,7 @@ CODE = (
 def test_a_real_model_editing_code_takes_fewer_steps_for_the_same_tokens(smollm2_gguf):
     import transformers
 
-    from tritonllm.runtime import gguf
+    from tritonllm.formats import gguf
 
     model_dir = gguf.hf_model_dir(smollm2_gguf)
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)

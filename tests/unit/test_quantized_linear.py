@@ -15,8 +15,7 @@ from tritonllm.engine.engine import EngineConfig, LLMEngine
 from tritonllm.engine.quantized_linear import BlockQuantized, QuantizedEmbedding, QuantizedLinear, from_gguf
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import Sequence
-from tritonllm.runtime import gguf
-from tritonllm.tokenizer import model_cache
+from tritonllm.formats import gguf, model_cache
 
 # Built (or loaded from the cache) here: a build that fails is this module's error, never a skip.
 cpu_kernels.build()

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tritonllm.runtime.tritonserver import ServerError, TritonServer, ephemeral_ports, free_port, free_ports
+from tritonllm.launcher.tritonserver import ServerError, TritonServer, ephemeral_ports, free_port, free_ports
 
 
 def test_a_real_self_connect_reads_back_its_own_request():
@@ -85,7 +85,7 @@ def test_free_ports_are_different_ports_even_where_each_pick_would_be_the_same(m
 
 
 def test_serve_refuses_one_port_for_two_listeners(tiny_model_dir, capfd):
-    from tritonllm import cli
+    from tritonllm.launcher import cli
 
     http, grpc, metrics = free_ports(3)
     ports = ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
@@ -96,7 +96,7 @@ def test_serve_refuses_one_port_for_two_listeners(tiny_model_dir, capfd):
 
 @pytest.mark.parametrize("flag", ["--http-port", "--grpc-port", "--metrics-port", "--shim-port"])
 def test_serve_names_a_port_in_use_before_starting_anything(tiny_model_dir, flag, capfd):
-    from tritonllm import cli
+    from tritonllm.launcher import cli
 
     with socket.create_server(("127.0.0.1", free_port())) as taken:
         flags = ("--http-port", "--grpc-port", "--metrics-port", "--shim-port")

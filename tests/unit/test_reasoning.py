@@ -8,7 +8,7 @@ import random
 import pytest
 from thinking_models import thinking_model
 
-from tritonllm.runtime.model_config import load_tokenizer
+from tritonllm.formats.hf_folder import load_tokenizer
 from tritonllm.tokenizer.reasoning import CLOSING, FORMATS, OPENING, ReasoningParser, detect_format, split
 
 ANSWERS = [

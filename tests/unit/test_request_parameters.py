@@ -1,4 +1,4 @@
-"""Each declared request parameter (tritonllm/request_parameters.py) is what the configs, the docs, the engine
+"""Each declared request parameter (tritonllm/common/request_parameters.py) is what the configs, the docs, the engine
 and the shim use: a parameter declared but not generated, not read, or not sent fails here."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import dataclasses
 import numpy as np
 import pytest
 
+from tritonllm.common.errors import RequestError
+from tritonllm.common.request_parameters import PARAMETERS, Parameter, read
 from tritonllm.engine import inference_request
-from tritonllm.errors import RequestError
-from tritonllm.request_parameters import PARAMETERS, Parameter, read
-from tritonllm.runtime import parameter_configs
+from tritonllm.launcher import parameter_configs
 from tritonllm.shim.triton_client import NUMPY_TYPES, GenerationRequest
 
 REQUIRED = {"input_ids": np.array([[1, 2]], dtype=np.int32), "request_output_len": np.array([[2]], np.int32)}
@@ -73,7 +73,7 @@ def test_every_generation_request_field_is_declared_or_known():
     fields = {f.name for f in dataclasses.fields(GenerationRequest)}
     declared = {p.field for p in PARAMETERS if p.field}
     assert declared - fields == set(), "declared fields GenerationRequest lacks"
-    assert fields - declared - UNDECLARED_FIELDS == set(), "fields to declare in tritonllm/request_parameters.py"
+    assert fields - declared - UNDECLARED_FIELDS == set(), "fields to declare in tritonllm/common/request_parameters.py"
 
 
 @pytest.mark.parametrize("p", [p for p in PARAMETERS if p.field], ids=lambda p: p.name)

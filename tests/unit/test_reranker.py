@@ -1,4 +1,4 @@
-"""The cross-encoder scorer (tritonllm/reranker.py) against sentence-transformers' own CrossEncoder.predict on the
+"""The cross-encoder scorer (backend/reranker.py) against sentence-transformers' own CrossEncoder.predict on the
 same folder; pairs over the limit and models it cannot score refused by name (served: tests/e2e/test_rerank.py)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from sentence_transformers import CrossEncoder
 
-from tritonllm.reranker import IDENTITY, CrossEncoderScorer, PairTooLong, UnsupportedReranker
+from tritonllm.backend.reranker import IDENTITY, CrossEncoderScorer, PairTooLong, UnsupportedReranker
 
 PAIRS = [
     ("what is the capital of France?", "Paris is the capital of France."),

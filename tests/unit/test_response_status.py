@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from tritonllm.engine.sequence import FinishReason
-from tritonllm.runtime import response_status
+from tritonllm.wire import response_status
 
 
 def named(reason: bytes, lengths: list[int]) -> dict[str, np.ndarray]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from tritonllm.runtime.tritonserver import free_port
+from tritonllm.launcher.tritonserver import free_port
 from tritonllm.shim.app import create_app
 from tritonllm.shim.settings import ShimSettings
 

@@ -8,8 +8,8 @@ import shutil
 
 from conftest import PROJECT_ROOT, REPOSITORY
 
-from tritonllm.runtime.model_config import ModelParameters
-from tritonllm.runtime.tritonserver import stage_repository
+from tritonllm.backend.model_parameters import ModelParameters
+from tritonllm.launcher.tritonserver import stage_repository
 
 
 def args(model_folder) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import queue
 import socket
 
-from tritonllm.runtime.stop_board import StopBoard, server_folder
+from tritonllm.backend.stop_board import StopBoard, server_folder
 
 
 def test_a_stop_told_reaches_every_other_instance_and_not_itself(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tritonllm.runtime.stream_interval import StreamInterval
+from tritonllm.backend.stream_interval import StreamInterval
 
 
 def responses(interval: int, steps: list[int]) -> list[list[int]]:

@@ -7,9 +7,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPOSITORY
-from tritonllm.runtime import decoupled_mode, response_status
-from tritonllm.runtime.model_set import TritonNames
-from tritonllm.runtime.tensorrt_llm_face import (
+from tritonllm.backend.tensorrt_llm_face import (
     BATCH_NEEDS_DECOUPLED,
     STREAMING_NEEDS_DECOUPLED,
     Generation,
@@ -19,7 +17,10 @@ from tritonllm.runtime.tensorrt_llm_face import (
     split_rows,
     stacked,
 )
-from tritonllm.runtime.tritonserver import stage_repository
+from tritonllm.launcher import decoupled_mode
+from tritonllm.launcher.tritonserver import stage_repository
+from tritonllm.wire import response_status
+from tritonllm.wire.triton_names import TritonNames
 
 
 def i32(rows) -> np.ndarray:
@@ -206,7 +207,7 @@ def test_a_batch_of_prompts_is_split_then_stacked_padded_as_tensorrt_llm_pads():
 
 
 def test_serve_refuses_a_shim_through_a_unary_ensemble(tiny_model_dir, capfd):
-    from tritonllm import cli
+    from tritonllm.launcher import cli
 
     argv = ["serve", "--model-dir", str(tiny_model_dir), "--decoupled-mode", "false", "--through-ensemble"]
     assert cli.main(argv) == 2

@@ -190,8 +190,8 @@ def test_call_schemas_close_objects_that_list_their_properties():
 def test_serve_detects_the_tool_call_format_once_then_reads_it_from_the_cache(tmp_path, monkeypatch):
     from conftest import MODELS
 
-    from tritonllm.runtime import model_config
-    from tritonllm.tokenizer.model_cache import CACHE_ENV
+    from tritonllm.backend import model_parameters as model_config
+    from tritonllm.formats.model_cache import CACHE_ENV
     from tritonllm.tokenizer.tool_calls import resolve_format_of
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from .sequence import Sequence
+from tritonllm.engine.sequence import Sequence
 
 
 class BlockManager:

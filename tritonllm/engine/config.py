@@ -93,7 +93,7 @@ class EngineConfig:
     engine_nice: int = setting(
         -10, "nice value of the engine thread and its workers (below 0 needs CAP_SYS_NICE; without it, ignored)"
     )
-    gguf_file: str | None = None  # the .gguf file model_dir was dequantized from (runtime/gguf.py)
+    gguf_file: str | None = None  # the .gguf file model_dir was dequantized from (formats/gguf.py)
 
     def __post_init__(self) -> None:
         checks = {

@@ -18,12 +18,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..runtime.model_config import load_model_config, load_tokenizer
-from .block_manager import BlockManager
-from .model_runner import ModelRunner
-from .sampling_params import SamplingParams
-from .scheduler import ScheduledChunk
-from .sequence import Sequence
+from tritonllm.engine.block_manager import BlockManager
+from tritonllm.engine.model_runner import ModelRunner
+from tritonllm.engine.sampling_params import SamplingParams
+from tritonllm.engine.scheduler import ScheduledChunk
+from tritonllm.engine.sequence import Sequence
+from tritonllm.formats.hf_folder import load_model_config, load_tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -8,21 +8,23 @@ from pathlib import Path
 
 import torch
 
-from ..errors import RequestError
-from . import lora
-from .beam_search import BeamSearch
-from .block_manager import BlockManager
-from .config import KV_DTYPE_BYTES, EngineConfig
-from .draft_model import DraftModelDrafter
-from .logits_processors import ends_with_any, ends_with_stop_word
-from .model_runner import ModelRunner, ModelShape, resolve_device, resolve_dtype_name
-from .ngram_drafter import NgramDrafter
-from .paged_attention import KVCache
-from .sampler import Sampled, row_argmax, sample_one
-from .scheduler import ScheduledChunk, Scheduler, decoding
-from .sequence import FinishReason, Sequence
-from .stats import EngineStats
-from .step_cost import StepCost
+from tritonllm.common.errors import RequestError
+from tritonllm.engine import lora
+from tritonllm.engine.beam_search import BeamSearch
+from tritonllm.engine.block_manager import BlockManager
+from tritonllm.engine.config import KV_DTYPE_BYTES, EngineConfig
+from tritonllm.engine.device import resolve_device, resolve_dtype_name
+from tritonllm.engine.draft_model import DraftModelDrafter
+from tritonllm.engine.logits_processors import ends_with_any, ends_with_stop_word
+from tritonllm.engine.model_runner import ModelRunner
+from tritonllm.engine.model_shape import ModelShape
+from tritonllm.engine.ngram_drafter import NgramDrafter
+from tritonllm.engine.paged_attention import KVCache
+from tritonllm.engine.sampler import Sampled, row_argmax, sample_one
+from tritonllm.engine.scheduler import ScheduledChunk, Scheduler, decoding
+from tritonllm.engine.sequence import FinishReason, Sequence
+from tritonllm.engine.stats import EngineStats
+from tritonllm.engine.step_cost import StepCost
 
 
 @dataclass

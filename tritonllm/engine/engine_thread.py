@@ -17,9 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..errors import Overloaded
-from .engine import LLMEngine, StepOutput
-from .sequence import FinishReason, Sequence
+from tritonllm.common.errors import Overloaded
+from tritonllm.engine.engine import LLMEngine, StepOutput
+from tritonllm.engine.sequence import FinishReason, Sequence
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

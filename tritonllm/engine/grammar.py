@@ -17,7 +17,7 @@ import llguidance.numpy
 import numpy as np
 import torch
 
-from ..errors import RequestError
+from tritonllm.common.errors import RequestError
 
 GUIDE_TYPES = ("json", "json_schema", "regex", "lark")
 COMPACT_JSON = {"whitespace_flexible": False}

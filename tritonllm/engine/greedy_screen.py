@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import torch
 
-from . import cpu_kernels
-from .native_linear import NATIVE_ROWS
-from .sequence import Sequence
+from tritonllm.engine import cpu_kernels
+from tritonllm.engine.native_linear import NATIVE_ROWS
+from tritonllm.engine.sequence import Sequence
 
 _UNIT_ROUNDOFF = 2.0**-24
 _SAFETY = 1.01  # the norms and the bound are themselves float32 arithmetic

@@ -1,7 +1,7 @@
 """TensorRT-LLM's InferenceRequest tensors -> the engine's prompt and SamplingParams.
 
 Kept free of Triton so it is tested directly; the `llm` model hands in a lookup of its input tensors.
-Scalar parameters are declared, with their defaults and rules, in tritonllm/request_parameters.py; this module
+Scalar parameters are declared, with their defaults and rules, in tritonllm/common/request_parameters.py; this module
 adds the rules that tie several together, and the arrays. Every error names the tensor it is about.
 """
 
@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import RequestError
-from ..request_parameters import EARLY_STOPPING, TensorLookup, read, scalar
-from ..tokenizer.word_lists import decode_word_list
-from .sampling_params import NO_END_ID, SamplingParams
-from .thinking_block import ThinkingBlock
+from tritonllm.common.errors import RequestError
+from tritonllm.common.request_parameters import EARLY_STOPPING, TensorLookup, read, scalar
+from tritonllm.engine.sampling_params import NO_END_ID, SamplingParams
+from tritonllm.engine.thinking_block import ThinkingBlock
+from tritonllm.tokenizer.word_lists import decode_word_list
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from .paged_attention import PagedBatch, paged_attention
+from tritonllm.engine.paged_attention import PagedBatch, paged_attention
 
 ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"})
 # rope types whose tables transformers recomputes from the sequence's length (dynamic_rope_update)

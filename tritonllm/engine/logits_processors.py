@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .sequence import Sequence
+from tritonllm.engine.sequence import Sequence
 
 NEG_INF = float("-inf")
 

@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import RequestError
-from ..runtime.lora_adapters import MODULES
+from tritonllm.common.errors import RequestError
+from tritonllm.formats.lora_adapters import MODULES
 
 # why a request naming an adapter is refused when install() wrapped nothing or was not asked to
 UNAVAILABLE = (

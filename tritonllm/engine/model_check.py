@@ -11,17 +11,16 @@ and decode step must give them too, else the stack is dropped.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-from .paged_attention import ATTN_IMPLEMENTATION, LayerProbe
-from .sampling_params import SamplingParams
-from .scheduler import ScheduledChunk
-from .sequence import Sequence
-
-if TYPE_CHECKING:
-    from .model_runner import ModelRunner
+from tritonllm.engine.block_manager import BlockManager
+from tritonllm.engine.model_shape import ModelShape
+from tritonllm.engine.paged_attention import ATTN_IMPLEMENTATION, LayerProbe
+from tritonllm.engine.sampling_params import SamplingParams
+from tritonllm.engine.scheduler import ScheduledChunk
+from tritonllm.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +33,21 @@ TOLERANCE = {torch.float32: 1e-3, torch.float16: 5e-2, torch.bfloat16: 5e-2, tor
 
 class UnsupportedModelError(ValueError):
     """The engine cannot serve this model exactly; the message names what it lacks."""
+
+
+class ProbedRunner(Protocol):
+    """What the probe reads of a model runner (model_runner.ModelRunner, which runs the probe during its load)."""
+
+    blocks: BlockManager
+    shape: ModelShape
+    model: torch.nn.Module
+    dtype: torch.dtype
+    kv_dtype: torch.dtype
+    decoder_stack: object | None  # dropped (set to None) where its logits are not the model's
+
+    def forward(
+        self, chunks: list[ScheduledChunk], probe: LayerProbe | None = None
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]: ...
 
 
 def check_config(config) -> None:
@@ -51,14 +65,14 @@ def check_config(config) -> None:
         raise UnsupportedModelError(f"{config.model_type} model with " + "; ".join(problems))
 
 
-def probe_ids(runner: ModelRunner) -> list[int]:
+def probe_ids(runner: ProbedRunner) -> list[int]:
     """The probe prompt: as long as the cache and the model allow, up to PROBE_TOKENS."""
     blocks, shape = runner.blocks, runner.shape
     length = min(PROBE_TOKENS, blocks.num_blocks * blocks.block_size, shape.max_position_embeddings)
     return [(i * 7919 + 11) % shape.vocab_size for i in range(length)]
 
 
-def check_against_eager(runner: ModelRunner, reference: torch.Tensor | None = None) -> None:
+def check_against_eager(runner: ProbedRunner, reference: torch.Tensor | None = None) -> None:
     """Runs the probe; raises UnsupportedModelError where the paged path is not the model's own attention.
     `reference`: transformers' eager logits on probe_ids, computed elsewhere (for a model built without
     transformers, llama_model.py); else they are computed here on the runner's model."""
@@ -94,12 +108,12 @@ def check_against_eager(runner: ModelRunner, reference: torch.Tensor | None = No
             runner.decoder_stack = None
 
 
-def _allowed(runner: ModelRunner, eager: torch.Tensor) -> float:
+def _allowed(runner: ProbedRunner, eager: torch.Tensor) -> float:
     # a cache of lower precision than the weights rounds every key and value it holds
     return max(TOLERANCE[runner.dtype], TOLERANCE[runner.kv_dtype]) * eager.abs().max().item()
 
 
-def _paged_logits(runner: ModelRunner, ids: list[int], probe: LayerProbe | None) -> torch.Tensor:
+def _paged_logits(runner: ProbedRunner, ids: list[int], probe: LayerProbe | None) -> torch.Tensor:
     """Logits of every position: a prefill of all tokens but the last, then a decode step of the last (without a
     probe, by the native decoder stack where the runner has one)."""
     seq = Sequence(ids[:-1], SamplingParams(max_tokens=1, return_context_logits=True))

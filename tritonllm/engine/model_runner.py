@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from ..runtime.allocator import release_free_memory
-from . import (
+from tritonllm.common.memory import release_free_memory
+from tritonllm.engine import (
     cpu_kernels,
     fused_projections,
     greedy_screen,
@@ -26,11 +26,19 @@ from . import (
     tensor_parallel,
     weight_memory,
 )
-from .block_manager import BlockManager
-from .paged_attention import ATTN_IMPLEMENTATION, AttentionGroup, KVCache, LayerProbe, PaddedQueries, PagedBatch
-from .scheduler import ScheduledChunk
+from tritonllm.engine.block_manager import BlockManager
+from tritonllm.engine.device import resolve_device, resolve_dtype
+from tritonllm.engine.model_shape import ModelShape
+from tritonllm.engine.paged_attention import (
+    ATTN_IMPLEMENTATION,
+    AttentionGroup,
+    KVCache,
+    LayerProbe,
+    PaddedQueries,
+    PagedBatch,
+)
+from tritonllm.engine.scheduler import ScheduledChunk
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 log = logging.getLogger(__name__)
 
 
@@ -50,59 +58,6 @@ def _transformers_model(model_dir: str | Path, dtype: torch.dtype) -> torch.nn.M
             f"cannot replace it ({type(e).__name__}: {e})"
         ) from e
     return model.eval()
-
-
-def resolve_device(name: str) -> torch.device:
-    """'auto' picks CUDA when present, else CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def resolve_dtype_name(name: str, device: torch.device) -> str:
-    """'auto': float32 on CPU (the native kernels' type), bfloat16 on GPUs that have it, else float16."""
-    if name != "auto":
-        return name
-    if device.type != "cuda":
-        return "float32"
-    return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-
-
-def resolve_dtype(name: str) -> torch.dtype:
-    if name not in _DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {name!r}")
-    return _DTYPES[name]
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    max_position_embeddings: int
-
-    @classmethod
-    def of_dir(cls, model_dir: str | Path) -> ModelShape:
-        """From config.json; through transformers' config classes for the architectures not built here (theirs
-        may nest or derive the fields)."""
-        config = llama_model.ModelConfig.read(Path(model_dir))
-        if config.architecture not in llama_model.ARCHITECTURES:
-            from transformers import AutoConfig
-
-            config = AutoConfig.from_pretrained(model_dir)
-        return cls.of(config)
-
-    @classmethod
-    def of(cls, config) -> ModelShape:
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        return cls(
-            num_layers=config.num_hidden_layers,
-            num_kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
-            head_dim=head_dim,
-            vocab_size=config.vocab_size,
-            max_position_embeddings=getattr(config, "max_position_embeddings", 1 << 31),
-        )
 
 
 @dataclass

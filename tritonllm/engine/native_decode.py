@@ -21,14 +21,14 @@ import logging
 
 import torch
 
-from . import cpu_kernels, quantized_linear
-from .fused_projections import SiblingLinear
-from .greedy_screen import GreedyScreen
-from .llama_model import ARCHITECTURES
-from .lora import LoraLinear
-from .native_linear import NATIVE_ROWS, NativeLinear
-from .paged_attention import KVCache
-from .quantized_linear import GEMM_ROWS, QuantizedLinear
+from tritonllm.engine import cpu_kernels, quantized_linear
+from tritonllm.engine.fused_projections import SiblingLinear
+from tritonllm.engine.greedy_screen import GreedyScreen
+from tritonllm.engine.llama_model import ARCHITECTURES
+from tritonllm.engine.lora import LoraLinear
+from tritonllm.engine.native_linear import NATIVE_ROWS, NativeLinear
+from tritonllm.engine.paged_attention import KVCache
+from tritonllm.engine.quantized_linear import GEMM_ROWS, QuantizedLinear
 
 log = logging.getLogger(__name__)
 

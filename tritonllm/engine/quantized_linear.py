@@ -2,7 +2,7 @@
 
 llama.cpp users serve Q8_0 and Q4 files because a decode step streams every weight from memory: 8 bits are a
 quarter of float32's bytes and 4 bits an eighth. The engine loads such a model as transformers dequantizes it
-(runtime/gguf.py), then swaps each nn.Linear whose GGUF tensor is Q8_0, Q4_0, Q4_1, Q5_0, Q4_K or Q6_K for a
+(formats/gguf.py), then swaps each nn.Linear whose GGUF tensor is Q8_0, Q4_0, Q4_1, Q5_0, Q4_K or Q6_K for a
 QuantizedLinear holding that tensor's blocks (Q5_0 and Q6_K widened to 8 bits, Q6_K with a scale per 16 values,
 Q4_K recut into 32-value blocks of 4 bits), and frees the float32 copy; the input embedding, when the file keeps
 it in blocks (or ties it to a block-quantized output layer), becomes a QuantizedEmbedding that reads the same
@@ -34,9 +34,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..runtime import gguf
-from ..tokenizer import model_cache
-from . import cpu_kernels
+from tritonllm.engine import cpu_kernels
+from tritonllm.formats import gguf, model_cache
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from ..runtime.interpreter import python_executable
-from ..tokenizer import model_cache
-from . import quantized_linear
+from tritonllm.common.interpreter import python_executable
+from tritonllm.engine import quantized_linear
+from tritonllm.formats import model_cache
 
 TIMEOUT_S = 600
 

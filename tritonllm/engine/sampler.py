@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .logits_processors import process
-from .sequence import Sequence
+from tritonllm.engine.logits_processors import process
+from tritonllm.engine.sequence import Sequence
 
 
 @dataclass

@@ -20,9 +20,9 @@ import bisect
 import time
 from dataclasses import dataclass, field
 
-from .block_manager import BlockManager
-from .sequence import FinishReason, Sequence, SequenceStatus
-from .step_cost import StepCost
+from tritonllm.engine.block_manager import BlockManager
+from tritonllm.engine.sequence import FinishReason, Sequence, SequenceStatus
+from tritonllm.engine.step_cost import StepCost
 
 BURST_SECONDS = 1.0  # prompts this close to a stream's first token are one burst with it: not capped for it
 

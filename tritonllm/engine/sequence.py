@@ -7,18 +7,17 @@ import itertools
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from ..request_parameters import DEFAULT_PRIORITY
-from .lora import Adapter
-from .sampling_params import SamplingParams
-from .thinking_block import ThinkingTracker
+from tritonllm.common.request_parameters import DEFAULT_PRIORITY
+from tritonllm.engine.lora import Adapter
+from tritonllm.engine.sampling_params import SamplingParams
+from tritonllm.engine.thinking_block import ThinkingTracker
 
 if TYPE_CHECKING:
-    from .beam_search import BeamSearch
-    from .grammar import Grammar
+    from tritonllm.engine.grammar import Grammar
 
 _next_seq_id = itertools.count()
 
@@ -31,6 +30,18 @@ class KvAndDraftCounts:
     held_blocks: int = 0  # the most KV blocks it held (read when they are freed)
     draft_tokens: int = 0  # drafts verified, over the whole generation
     accepted_draft_tokens: int = 0
+
+
+class BeamGroup(Protocol):
+    """The beam search whose live beams are Sequences (beam_search.BeamSearch), as the engine and the responses
+    reach it through a beam; declared here because the search itself is built on Sequence."""
+
+    lead: Sequence  # the request's own sequence
+    live: list[Sequence]
+
+    def offer(self, seq: Sequence, logits: torch.Tensor) -> bool: ...
+
+    def results(self) -> list: ...
 
 
 class SequenceStatus(Enum):
@@ -74,7 +85,7 @@ class Sequence:
     # P-tuning: prompt ids from the vocabulary size on select rows of this [rows, hidden] table.
     prompt_table: torch.Tensor | None = None
     adapter: Adapter | None = None  # LoRA
-    beam: BeamSearch | None = None  # the search this sequence is a live beam of
+    beam: BeamGroup | None = None  # the search this sequence is a live beam of
     grammar: Grammar | None = None  # constrains which tokens may come next
     thinking: ThinkingTracker | None = field(init=False, default=None)  # with params.thinking
     status: SequenceStatus = SequenceStatus.WAITING

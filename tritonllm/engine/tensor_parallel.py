@@ -7,14 +7,13 @@ all-reduce sums them, one per attention block and one per MLP block. Each rank's
 embeddings, norms and the output layer stay whole on every rank.
 
 Rank 0 is the engine's process: it schedules, prepares each step's tensors, broadcasts them, runs its share and
-samples. Ranks 1.. are processes of their own (`python -m tritonllm.engine.tensor_parallel`), each a
+samples. Ranks 1.. are processes of their own (`python -m tritonllm.engine.tensor_parallel_worker`), each a
 ModelRunner that only runs the steps it is sent. torch.distributed connects them: gloo on CPU, NCCL between
 GPUs (the steps themselves always travel over gloo, as CPU tensors).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import socket
@@ -28,11 +27,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..runtime.interpreter import python_executable
-from .model_check import UnsupportedModelError
+from tritonllm.common.interpreter import python_executable
+from tritonllm.engine.model_check import UnsupportedModelError
 
 ATTENTION = ("q_proj", "k_proj", "v_proj")
 MLP = ("gate_proj", "up_proj")
+WORKER_MODULE = "tritonllm.engine.tensor_parallel_worker"  # what each rank 1.. runs
 TIMEOUT = timedelta(minutes=10)  # a rank still loading its model, or gone: the collectives wait this long
 
 
@@ -140,7 +140,7 @@ class Group:
         torch.set_num_threads(threads)
         workers = [
             subprocess.Popen(
-                [python_executable(), "-m", __name__, f"--rank={rank}", f"--world={world}", f"--port={place.port}"]
+                [python_executable(), "-m", WORKER_MODULE, f"--rank={rank}", f"--world={world}", f"--port={place.port}"]
                 + [f"--threads={threads}", *worker_args]
             )
             for rank in range(1, world)
@@ -204,25 +204,3 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def worker_main(argv: list[str] | None = None) -> None:
-    from .block_manager import BlockManager
-    from .model_runner import ModelRunner
-
-    parser = argparse.ArgumentParser(description="one rank of a tensor-parallel engine (started by rank 0)")
-    for name in ("rank", "world", "port", "threads", "num-blocks", "block-size"):
-        parser.add_argument(f"--{name}", type=int, required=True)
-    for name in ("model-dir", "dtype", "kv-cache-dtype", "device"):
-        parser.add_argument(f"--{name}", required=True)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    blocks = BlockManager(args.num_blocks, args.block_size, prefix_caching=False)
-    place = Place(args.rank, args.world, args.port)
-    device = args.device if args.device != "cuda" else f"cuda:{args.rank}"
-    runner = ModelRunner(args.model_dir, blocks, args.dtype, device, place=place, kv_cache_dtype=args.kv_cache_dtype)
-    runner.follow()
-
-
-if __name__ == "__main__":
-    worker_main()

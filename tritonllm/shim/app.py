@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from . import (
+from tritonllm.shim import (
     embeddings_api,
     generate_api,
     lora_registry,
@@ -24,9 +24,16 @@ from . import (
     responses_api,
     tokenize_api,
 )
-from .errors import APIError, IgnoredFieldsHeader, api_error_handler, http_error_handler, validation_error_handler
-from .model_pool import ModelPool
-from .settings import ShimSettings
+from tritonllm.shim.errors import (
+    APIError,
+    IgnoredFieldsHeader,
+    api_error_handler,
+    http_error_handler,
+    internal_error_handler,
+    validation_error_handler,
+)
+from tritonllm.shim.model_pool import ModelPool
+from tritonllm.shim.settings import ShimSettings
 
 
 def create_app(settings: ShimSettings, unavailable: Callable[[], str | None] | None = None) -> FastAPI:
@@ -46,6 +53,7 @@ def create_app(settings: ShimSettings, unavailable: Callable[[], str | None] | N
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)
+    app.add_exception_handler(Exception, internal_error_handler)
     if unavailable is not None:
         app.add_middleware(WhileUnavailable, reason=unavailable)
     if settings.api_key:

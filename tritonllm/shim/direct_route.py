@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..runtime.model_set import REPOSITORY_NAMES, TritonNames
-from ..tokenizer.backend_tokenizer import BackendTokenizer
-from ..tokenizer.postprocess import postprocess
+from tritonllm.tokenizer.backend_tokenizer import BackendTokenizer
+from tritonllm.tokenizer.postprocess import postprocess
+from tritonllm.wire.triton_names import REPOSITORY_NAMES, TritonNames
 
 Tensor = tuple[str, str, np.ndarray]  # name, Triton datatype, value
 
@@ -38,7 +38,7 @@ class DirectRoute:
         theirs, or no snapshot."""
         steps = list(ensemble_config.ensemble_scheduling.step)
         # the middle step is tensorrt_llm, TensorRT-LLM's face over llm, in a unary deployment
-        # (runtime/decoupled_mode.py): the shim streams from llm itself either way
+        # (launcher/decoupled_mode.py): the shim streams from llm itself either way
         routes = [[names.preprocessing, middle, names.postprocessing] for middle in (names.llm, names.tensorrt_llm)]
         if [s.model_name for s in steps] not in routes or not tokenizer_snapshot:
             return None

@@ -15,10 +15,10 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import APIError, json_body
-from .openai_protocol import MAX_TEXT_CHARS
-from .row_chunks import in_chunks
-from .settings import ShimSettings
+from tritonllm.shim.errors import APIError, json_body
+from tritonllm.shim.openai_protocol import MAX_TEXT_CHARS
+from tritonllm.shim.row_chunks import in_chunks
+from tritonllm.shim.settings import ShimSettings
 
 MAX_INPUTS = 2048  # as OpenAI's API
 

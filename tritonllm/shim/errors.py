@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -14,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .triton_client import TritonRequestError
+from tritonllm.shim.triton_client import TritonRequestError
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +37,19 @@ class APIError(Exception):
 
     @classmethod
     def refused(cls, error: TritonRequestError) -> APIError:
-        """What the models refused, with the status and field their typed error carries (400 when untyped)."""
+        """What the models refused, with the status and field their typed error carries. An untyped error is no
+        fault of the request's (a model's bug, a step that died): 500, naming the request for the server's log."""
         typed = error.typed
-        return cls(typed.status, typed.message, typed.param) if typed else cls(400, str(error))
+        if typed is not None:
+            return cls(typed.status, typed.message, typed.param)
+        log.error("internal error serving request %s: %s", error.request_id or "(no id)", error)
+        return cls.internal(error.request_id)
+
+    @classmethod
+    def internal(cls, request_id: str | None) -> APIError:
+        return cls(
+            500, f"internal server error (request {request_id or 'without an id'}); the server's log has its cause"
+        )
 
     def body(self) -> dict:
         kind = _TYPES.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error")
@@ -47,6 +58,13 @@ class APIError(Exception):
 
 async def api_error_handler(_: Request, exc: APIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def internal_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    """A bug in the shim: logged with its traceback under an id of its own, answered 500 naming that id."""
+    request_id = uuid.uuid4().hex
+    log.error("internal error serving %s %s (request %s)", request.method, request.url.path, request_id, exc_info=exc)
+    return JSONResponse(APIError.internal(request_id).body(), status_code=500)
 
 
 async def http_error_handler(_: Request, exc: StarletteHTTPException) -> JSONResponse:

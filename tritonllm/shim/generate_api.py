@@ -12,11 +12,11 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..request_parameters import INT32_MAX, UINT64_MAX
-from .errors import APIError, json_body
-from .generation import STOP_STRING, Piece, generate, primed, until_disconnected
-from .settings import ShimSettings
-from .triton_client import GenerationRequest
+from tritonllm.common.request_parameters import INT32_MAX, UINT64_MAX
+from tritonllm.shim.errors import APIError, json_body
+from tritonllm.shim.generation import STOP_STRING, Piece, generate, primed, until_disconnected
+from tritonllm.shim.settings import ShimSettings
+from tritonllm.shim.triton_client import GenerationRequest
 
 MAX_TEXT_CHARS = 4 * 1024 * 1024
 SPEC_FINISH = {"end_id": "eos_token", STOP_STRING: "stop_sequence", "stop_words": "stop_sequence", "length": "length"}

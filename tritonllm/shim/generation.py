@@ -10,9 +10,15 @@ from typing import TypeVar
 
 from fastapi import Request
 
-from ..tokenizer.stop_strings import StopStringMatcher
-from .errors import APIError
-from .triton_client import Chunk, GenerationRequest, TritonLLMClient, TritonRequestError, TritonUnavailable
+from tritonllm.shim.errors import APIError
+from tritonllm.shim.triton_client import (
+    Chunk,
+    GenerationRequest,
+    TritonLLMClient,
+    TritonRequestError,
+    TritonUnavailable,
+)
+from tritonllm.tokenizer.stop_strings import StopStringMatcher
 
 STOP_STRING = "stop_string"  # finish reason when a stop string matched; the engine's own are end_id and length
 

@@ -19,8 +19,8 @@ from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel
 
-from ..runtime.lora_adapters import LoraAdapter, load_peft
-from .errors import APIError
+from tritonllm.formats.lora_adapters import LoraAdapter, load_peft
+from tritonllm.shim.errors import APIError
 
 
 class NameTaken(ValueError):

@@ -7,8 +7,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
-from .errors import APIError
-from .settings import ShimSettings
+from tritonllm.shim.errors import APIError
+from tritonllm.shim.settings import ShimSettings
 
 
 class ModelBody(BaseModel):

@@ -1,4 +1,4 @@
-"""The shim's LLMs by served name, each through a TritonLLMClient of its own (runtime/model_set.py).
+"""The shim's LLMs by served name, each through a TritonLLMClient of its own (launcher/model_set.py).
 
 With a bound on how many may be loaded at once (`serve --models-max`, llama.cpp's router idea), a model that is
 not loaded is loaded at its first request, through Triton's explicit model control; to make room, the least
@@ -16,9 +16,16 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
-from .errors import APIError
-from .settings import ShimSettings
-from .triton_client import Chunk, GenerationRequest, Tokenized, TokenizeRequest, TritonLLMClient, TritonRequestError
+from tritonllm.shim.errors import APIError
+from tritonllm.shim.settings import ShimSettings
+from tritonllm.shim.triton_client import (
+    Chunk,
+    GenerationRequest,
+    Tokenized,
+    TokenizeRequest,
+    TritonLLMClient,
+    TritonRequestError,
+)
 
 UNLOAD_WAIT_S = 120.0  # for an unloaded model's processes to end, so that its memory is back before the next loads
 POLL_S = 0.1

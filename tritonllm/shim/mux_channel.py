@@ -1,4 +1,4 @@
-"""The shim's end of the llm's multiplexed channel (tritonllm/runtime/multiplex.py): one gRPC stream that carries
+"""The shim's end of the llm's multiplexed channel (tritonllm/wire/multiplex.py): one gRPC stream that carries
 the responses of the shim's generations, a row each, handed here to each generation's reader.
 
 A channel is worn after ROTATE_AFTER_RESPONSES responses: tritonserver 2.51's gRPC frontend keeps every response
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime import multiplex
+from tritonllm.wire import multiplex
 
 # Each response tritonserver keeps costs it about a kilobyte (a protobuf of the rows' outputs), so a thousand bound a
 # channel to about a megabyte, at the cost of one request to open it and one to close it.

@@ -12,10 +12,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from .errors import APIError, json_body
-from .generation import primed, until_disconnected
-from .openai_protocol import ChatRequest, CompletionRequest, SamplingFields
-from .openai_serving import (
+from tritonllm.shim.errors import APIError, json_body
+from tritonllm.shim.generation import primed, until_disconnected
+from tritonllm.shim.openai_protocol import ChatRequest, CompletionRequest, SamplingFields
+from tritonllm.shim.openai_serving import (
     ChatRender,
     Choice,
     CompletionRender,
@@ -24,8 +24,8 @@ from .openai_serving import (
     check_size,
     generated_pieces,
 )
-from .settings import Served, ShimSettings
-from .triton_client import GenerationRequest
+from tritonllm.shim.settings import Served, ShimSettings
+from tritonllm.shim.triton_client import GenerationRequest
 
 ChatBody = Annotated[ChatRequest, Depends(json_body(ChatRequest))]
 CompletionBody = Annotated[CompletionRequest, Depends(json_body(CompletionRequest))]

@@ -7,11 +7,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..request_parameters import INT32_MAX, UINT64_MAX
-from ..tokenizer.tool_calls import ToolCallFormat
-from .errors import APIError
-from .triton_client import GenerationRequest
-from .vllm_fields import VLLMFields
+from tritonllm.common.request_parameters import INT32_MAX, UINT64_MAX
+from tritonllm.shim.errors import APIError
+from tritonllm.shim.triton_client import GenerationRequest
+from tritonllm.shim.vllm_fields import VLLMFields
+from tritonllm.tokenizer.tool_calls import ToolCallFormat
 
 MAX_TEXT_CHARS = 4 * 1024 * 1024  # the specs' limit on a request's text
 MAX_TOOLS = 32

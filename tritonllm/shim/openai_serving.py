@@ -13,14 +13,14 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..tokenizer import reasoning
-from ..tokenizer.reasoning import ThinkingSplit
-from ..tokenizer.tool_calls import FORMATS, ToolCallParser
-from .errors import APIError
-from .generation import STOP_STRING, Piece, generate
-from .openai_protocol import MAX_TEXT_CHARS, ChatRequest, CompletionRequest, SamplingFields
-from .settings import ShimSettings
-from .triton_client import GenerationRequest, TokenLogprob
+from tritonllm.shim.errors import APIError
+from tritonllm.shim.generation import STOP_STRING, Piece, generate
+from tritonllm.shim.openai_protocol import MAX_TEXT_CHARS, ChatRequest, CompletionRequest, SamplingFields
+from tritonllm.shim.settings import ShimSettings
+from tritonllm.shim.triton_client import GenerationRequest, TokenLogprob
+from tritonllm.tokenizer import reasoning
+from tritonllm.tokenizer.reasoning import ThinkingSplit
+from tritonllm.tokenizer.tool_calls import FORMATS, ToolCallParser
 
 OPENAI_FINISH = {"end_id": "stop", STOP_STRING: "stop", "stop_words": "stop", "length": "length"}
 

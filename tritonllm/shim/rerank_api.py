@@ -1,5 +1,5 @@
 """POST /v1/rerank and /v1/score (vLLM's routes and shapes; /rerank, /v2/rerank and /score too) onto the Triton
-`reranker` model, which scores (query, document) pairs with a cross-encoder (tritonllm/reranker.py).
+`reranker` model, which scores (query, document) pairs with a cross-encoder (tritonllm/backend/reranker.py).
 
 Rerank: a query and its documents (strings, or Jina's and Cohere's {"text": ...}), answered most relevant first,
 `top_n` of them. Score: `text_1` against `text_2`, one to one, one to many, or pairwise for lists of one length.
@@ -16,10 +16,10 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import APIError, json_body
-from .openai_protocol import MAX_TEXT_CHARS
-from .row_chunks import in_chunks
-from .settings import ShimSettings
+from tritonllm.shim.errors import APIError, json_body
+from tritonllm.shim.openai_protocol import MAX_TEXT_CHARS
+from tritonllm.shim.row_chunks import in_chunks
+from tritonllm.shim.settings import ShimSettings
 
 MAX_PAIRS = 1024
 

@@ -21,16 +21,16 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..tokenizer import reasoning
-from ..tokenizer.reasoning import ThinkingSplit
-from ..tokenizer.tool_calls import FORMATS, ToolCallParser
-from .errors import APIError, json_body
-from .generation import Piece, generate, primed, until_disconnected
-from .openai_protocol import INT32_MAX, ChatRequest
-from .openai_serving import chat_generation
-from .settings import ShimSettings
-from .triton_client import TokenLogprob
-from .vllm_fields import VLLMFields
+from tritonllm.shim.errors import APIError, json_body
+from tritonllm.shim.generation import Piece, generate, primed, until_disconnected
+from tritonllm.shim.openai_protocol import INT32_MAX, ChatRequest
+from tritonllm.shim.openai_serving import chat_generation
+from tritonllm.shim.settings import ShimSettings
+from tritonllm.shim.triton_client import TokenLogprob
+from tritonllm.shim.vllm_fields import VLLMFields
+from tritonllm.tokenizer import reasoning
+from tritonllm.tokenizer.reasoning import ThinkingSplit
+from tritonllm.tokenizer.tool_calls import FORMATS, ToolCallParser
 
 LOGPROBS = "message.output_text.logprobs"  # the `include` entry that asks for the output's log-probabilities
 ROLES = ("user", "assistant", "system", "developer")

@@ -10,9 +10,9 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import Request
 
-from .errors import APIError
-from .generation import until_disconnected
-from .triton_client import TritonRequestError, TritonUnavailable
+from tritonllm.shim.errors import APIError
+from tritonllm.shim.generation import until_disconnected
+from tritonllm.shim.triton_client import TritonRequestError, TritonUnavailable
 
 CHUNK_ROWS = 64  # the embedding and reranker models' max_batch_size
 

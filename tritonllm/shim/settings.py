@@ -7,18 +7,18 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..runtime.lora_adapters import LoraAdapter
-from ..runtime.model_set import TritonNames
-from .errors import APIError
-from .lora_registry import LoraRegistry
+from tritonllm.formats.lora_adapters import LoraAdapter
+from tritonllm.shim.errors import APIError
+from tritonllm.shim.lora_registry import LoraRegistry
+from tritonllm.wire.triton_names import TritonNames
 
 if TYPE_CHECKING:
-    from .triton_client import GenerationRequest
+    from tritonllm.shim.triton_client import GenerationRequest
 
 
 @dataclass(frozen=True)
 class ServedModel:
-    """An LLM beside the first one (runtime/model_set.py): its name, its Triton models and how it writes."""
+    """An LLM beside the first one (launcher/model_set.py): its name, its Triton models and how it writes."""
 
     name: str
     triton: TritonNames

@@ -9,11 +9,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import APIError, json_body
-from .openai_protocol import INT32_MAX, ChatMessage, ToolObject
-from .openai_serving import check_size
-from .settings import ShimSettings
-from .triton_client import TokenizeRequest, TritonRequestError, TritonUnavailable
+from tritonllm.shim.errors import APIError, json_body
+from tritonllm.shim.openai_protocol import INT32_MAX, ChatMessage, ToolObject
+from tritonllm.shim.openai_serving import check_size
+from tritonllm.shim.settings import ShimSettings
+from tritonllm.shim.triton_client import TokenizeRequest, TritonRequestError, TritonUnavailable
 
 
 class TokenizeBody(BaseModel):

@@ -25,13 +25,13 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from .. import errors, request_parameters
-from ..runtime import multiplex, response_status
-from ..runtime.lora_adapters import LoraAdapter
-from ..runtime.model_set import REPOSITORY_NAMES, TritonNames
-from ..runtime.tritonserver import GRPC_API_KEY_HEADER
-from .direct_route import DirectRoute, Tensor
-from .mux_channel import ChannelClosed, MuxChannel
+from tritonllm.common import errors, request_parameters
+from tritonllm.formats.lora_adapters import LoraAdapter
+from tritonllm.shim.direct_route import DirectRoute, Tensor
+from tritonllm.shim.mux_channel import ChannelClosed, MuxChannel
+from tritonllm.wire import multiplex, response_status
+from tritonllm.wire.api_key import GRPC_API_KEY_HEADER
+from tritonllm.wire.triton_names import REPOSITORY_NAMES, TritonNames
 
 EMBEDDING = "embedding"
 RERANKER = "reranker"
@@ -44,11 +44,13 @@ LATE_ROWS_S = 30.0
 
 
 class TritonRequestError(Exception):
-    """Triton answered the request with an error: `typed` is the RequestError the models sent (tritonllm.errors),
-    None for an error of another kind (the server failed)."""
+    """Triton answered the request with an error: `typed` is the RequestError the models sent (common/errors.py),
+    None for an error of another kind (a model's bug, or the server failed); `request_id`: the request's, where
+    one was sent."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, request_id: str | None = None) -> None:
         self.typed = errors.from_message(message)
+        self.request_id = request_id
         super().__init__(self.typed.message if self.typed else message)
 
 
@@ -59,7 +61,7 @@ class TritonUnavailable(Exception):
 @dataclass
 class GenerationRequest:
     """One generation as the ensemble's tensors; None leaves a tensor out (the ensemble's default).
-    The fields that tritonllm/request_parameters.py declares go out under their declared names and types."""
+    The fields that tritonllm/common/request_parameters.py declares go out under their declared names and types."""
 
     max_tokens: int
     max_tokens_must_fit: bool | None = None  # prompt + max_tokens beyond the context: an error, not a clamp
@@ -397,7 +399,7 @@ class TritonLLMClient:
     def __init__(
         self, url: str, api_key: str | None = None, direct: bool = True, names: TritonNames = REPOSITORY_NAMES
     ) -> None:
-        """`api_key`: sent as the header a key-guarded tritonserver asks for (runtime/tritonserver.py).
+        """`api_key`: sent as the header a key-guarded tritonserver asks for (launcher/tritonserver.py).
         `direct`: generations run the ensemble's steps from here where they can (direct_route.py); False, through
         the ensemble. `names`: the Triton models of the LLM it serves."""
         self.names = names
@@ -493,7 +495,7 @@ class TritonLLMClient:
         try:
             async for result, error in call:
                 if error is not None:
-                    raise TritonRequestError(error.message())
+                    raise TritonRequestError(error.message(), request.request_id)
                 if not isinstance(result, multiplex.Row) and not result.get_response().outputs:
                     continue  # a multiplexed generation's own FINAL response
                 chunk = to_chunk(result)
@@ -615,7 +617,7 @@ class TritonLLMClient:
         stop = _infer_input("stop", "BOOL", np.array([[True]], dtype=bool))
         async for _, error in self._open(self.names.llm, [stop], request_id):
             if error is not None:
-                raise TritonRequestError(error.message())
+                raise TritonRequestError(error.message(), request_id)
             return
 
     async def _end(self, call: Call, request_id: str) -> None:

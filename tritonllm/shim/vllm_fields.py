@@ -13,9 +13,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 
-from ..request_parameters import INT32_MAX, LOWEST_PRIORITY
-from .errors import APIError
-from .triton_client import TokenLogprob
+from tritonllm.common.request_parameters import INT32_MAX, LOWEST_PRIORITY
+from tritonllm.shim.errors import APIError
+from tritonllm.shim.triton_client import TokenLogprob
 
 
 class StructuredOutputs(BaseModel):

@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..runtime.allocator import release_free_memory
-from ..runtime.model_config import load_tokenizer
-from . import model_cache
-from .tool_calls import PROBE_TOOL
+from tritonllm.common.memory import release_free_memory
+from tritonllm.formats import model_cache
+from tritonllm.formats.hf_folder import load_tokenizer
+from tritonllm.tokenizer.tool_calls import PROBE_TOOL
 
 SPECIAL = ("bos_token", "eos_token", "pad_token", "unk_token")
 _PROBE_TEXTS = ("Hello world", " leading space\n\ttabs  and  runs", "éè 中文 🙂")

@@ -12,9 +12,9 @@ import json
 
 import numpy as np
 
-from ..errors import RequestError
-from ..runtime import response_status
-from .detokenizer import text_increment
+from tritonllm.common.errors import RequestError
+from tritonllm.tokenizer.detokenizer import text_increment
+from tritonllm.wire import response_status
 
 # Unpacked from the llm's response_status into every response, so every output of the ensemble comes from this
 # last step.

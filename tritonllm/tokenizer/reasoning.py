@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import model_cache
-from .tool_calls import PROBE_TOOL
+from tritonllm.formats import model_cache
+from tritonllm.tokenizer.tool_calls import PROBE_TOOL
 
 OPENING, CLOSING = "<think>", "</think>"
 THINKING_SWITCHES = ("enable_thinking", "thinking")  # chat_template_kwargs that templates read to turn it off

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import model_cache
+from tritonllm.formats import model_cache
 
 ARGUMENT_KEYS = ("arguments", "parameters")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import RequestError
+from tritonllm.common.errors import RequestError
 
 
 def encode_word_list(words: list[list[int]]) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Triton adapter for tritonllm.embedding: rows of text in, one vector and one token count per row out.
+"""Triton adapter for tritonllm.backend.embedding: rows of text in, one vector and one token count per row out.
 
 A request with a text over the model's token limit gets an error naming the row; the other requests of the
 batch are answered.
@@ -11,19 +11,23 @@ compute fails the load, naming why.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from tritonllm import errors
-from tritonllm.embedding import InputTooLong, SentenceEmbedder, embedding_model_dir, pipeline_of
-from tritonllm.runtime.model_config import ModelParameters, strings
+from tritonllm.backend.embedding import SentenceEmbedder, embedding_model_dir, pipeline_of
+from tritonllm.backend.model_parameters import ModelParameters, strings
+from tritonllm.common import errors
+
+log = logging.getLogger("tritonllm.embedding")
 
 
 def _texts(request, name: str) -> list[str] | None:
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     if tensor is None:
         return None
-    return strings(tensor.as_numpy())
+    return strings(tensor.as_numpy(), name)
 
 
 class TritonPythonModel:
@@ -43,8 +47,8 @@ class TritonPythonModel:
         for request in requests:
             try:
                 prepared.append(self.embedder.prepare(_texts(request, "text_input"), _texts(request, "instruction")))
-            except (InputTooLong, UnicodeDecodeError) as e:
-                prepared.append(pb_utils.TritonError(errors.to_message(e)))
+            except Exception as e:  # a RequestError is the request's fault; anything else a bug, logged
+                prepared.append(pb_utils.TritonError(errors.to_message(e, request.request_id(), log)))
         rows = [text for p in prepared if not isinstance(p, pb_utils.TritonError) for text in p[0]]
         vectors = self.embedder.encode(rows)
         responses, start = [], 0

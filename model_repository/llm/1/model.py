@@ -4,21 +4,30 @@
 A request with `stop` set cancels the live requests that carry the same Triton request id, which is how
 clients of the ensemble (into whose steps Triton forwards no cancellation) end a generation early. With several
 instances the stop may reach one that does not run the generation, so it is passed on to the others
-(tritonllm/runtime/stop_board.py). A client that runs many generations at once may have their responses multiplexed
-onto one channel of its own (tritonllm/runtime/multiplex.py).
+(tritonllm/backend/stop_board.py). A client that runs many generations at once may have their responses multiplexed
+onto one channel of its own (tritonllm/wire/multiplex.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gc
+import logging
 import time
 from functools import cached_property
 
 import torch
 import triton_python_backend_utils as pb_utils
 
-from tritonllm import errors
+from tritonllm.backend.llm_metrics import EngineMetrics
+from tritonllm.backend.llm_responses import FINAL, Channel, Responder, ResponseQueue, SampleGroup
+from tritonllm.backend.model_parameters import ModelParameters
+from tritonllm.backend.stop_board import StopBoard, server_folder
+from tritonllm.backend.stream_interval import StreamInterval
+from tritonllm.common import errors
+from tritonllm.common.errors import RequestError
+from tritonllm.common.memory import release_free_memory
+from tritonllm.common.request_parameters import batch_rows
 from tritonllm.engine import inference_request, lora, tensor_parallel
 from tritonllm.engine.config import EngineConfig, environment_overrides
 from tritonllm.engine.engine import LLMEngine
@@ -26,15 +35,11 @@ from tritonllm.engine.engine_thread import EngineThread, Submission, load_on_own
 from tritonllm.engine.grammar import GrammarCompiler
 from tritonllm.engine.lora import AdapterCache
 from tritonllm.engine.sequence import samples_of
-from tritonllm.errors import RequestError
-from tritonllm.request_parameters import batch_rows
-from tritonllm.runtime import gguf, multiplex
-from tritonllm.runtime.allocator import release_free_memory
-from tritonllm.runtime.llm_metrics import EngineMetrics
-from tritonllm.runtime.llm_responses import FINAL, Channel, Responder, ResponseQueue, SampleGroup
-from tritonllm.runtime.model_config import ModelParameters, load_tokenizer
-from tritonllm.runtime.stop_board import StopBoard, server_folder
-from tritonllm.runtime.stream_interval import StreamInterval
+from tritonllm.formats import gguf
+from tritonllm.formats.hf_folder import load_tokenizer
+from tritonllm.wire import multiplex
+
+log = logging.getLogger("tritonllm.llm")
 
 
 class TritonPythonModel:
@@ -112,8 +117,9 @@ class TritonPythonModel:
                     sender.send(pb_utils.InferenceResponse(output_tensors=[]))  # open: generations may name it
                     continue
                 self.thread.submit(self._submissions(request, sender, batch_rows(inputs)))
-            except (ValueError, TypeError) as e:  # RequestError (Overloaded too) is a ValueError
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(errors.to_message(e))), flags=FINAL)
+            except Exception as e:  # a RequestError is the request's fault; anything else a bug, logged
+                message = errors.to_message(e, request.request_id(), log)
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=FINAL)
         return None
 
     def _submissions(self, request, sender, rows: list[dict]) -> list[Submission]:

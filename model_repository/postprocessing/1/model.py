@@ -6,10 +6,10 @@ from functools import partial
 
 import triton_python_backend_utils as pb_utils
 
-from tritonllm.errors import RequestError
-from tritonllm.runtime import tensorrt_llm_face
-from tritonllm.runtime.allocator import release_free_memory
-from tritonllm.runtime.model_config import ModelParameters
+from tritonllm.backend import tensorrt_llm_face
+from tritonllm.backend.model_parameters import ModelParameters
+from tritonllm.common.errors import RequestError
+from tritonllm.common.memory import release_free_memory
 from tritonllm.tokenizer.backend_tokenizer import load_backend_tokenizer
 from tritonllm.tokenizer.postprocess import postprocess
 

@@ -1,299 +1,35 @@
-"""Text or chat messages -> token ids and the llm's request tensors."""
+"""Triton adapter for backend/preprocessing.py: text or chat messages -> token ids and the llm's request tensors."""
 
 from __future__ import annotations
 
-import os
+import logging
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
-from jinja2 import TemplateError
 
-from tritonllm import errors
-from tritonllm.errors import RequestError
-from tritonllm.runtime import tensorrt_llm_face
-from tritonllm.runtime.allocator import release_free_memory
-from tritonllm.runtime.model_config import (
-    TOOL_CALL_PARSER_ENV,
-    ModelParameters,
-    json_list,
-    json_object,
-    load_model_config,
-    strings,
-)
-from tritonllm.tokenizer.backend_tokenizer import cached_snapshot, load_backend_tokenizer
-from tritonllm.tokenizer.info import tokenizer_info
-from tritonllm.tokenizer.reasoning import CLOSING, OPENING, leaves_block_open
-from tritonllm.tokenizer.tool_calls import renders_tools, resolve_format, with_tools_in_prompt
-from tritonllm.tokenizer.word_lists import encode_word_list
+from tritonllm.backend.model_parameters import ModelParameters
+from tritonllm.backend.preprocessing import TOKENIZER_OUTPUTS, Preprocessor
+from tritonllm.common import errors
 
-# apply_chat_template's own arguments, which chat_template_kwargs cannot set
-RENDER_ARGUMENTS = frozenset(
-    {
-        "conversation",
-        "messages",
-        "tools",
-        "documents",
-        "chat_template",
-        "add_generation_prompt",
-        "continue_final_message",
-        "tokenize",
-        "return_dict",
-        "padding",
-        "truncation",
-        "max_length",
-        "return_tensors",
-        "return_assistant_tokens_mask",
-        "tokenizer_kwargs",
-        "sanitize_control_tokens",
-    }
-)
-
-
-THEIR_NAME = {ours: theirs for theirs, ours in tensorrt_llm_face.PREPROCESSING_INPUTS.items()}
-
-
-def _tensor(row: dict[str, np.ndarray], name: str) -> np.ndarray | None:
-    """One prompt's input by our name, or by the name tensorrtllm_backend's preprocessing gives it (QUERY, ...)."""
-    array = row.get(name)
-    if array is None and name in THEIR_NAME:
-        return row.get(THEIR_NAME[name])
-    return array
-
-
-def _string(row, name: str) -> str | None:
-    tensor = _tensor(row, name)
-    if tensor is None:
-        return None
-    value = tensor.reshape(-1)
-    if value.size != 1:
-        raise RequestError(name, f"{name} must hold one string, got {value.size}")
-    return strings(value)[0]
-
-
-def _int(row, name: str, default: int) -> int:
-    tensor = _tensor(row, name)
-    return default if tensor is None else int(tensor.reshape(-1)[0])
-
-
-def _bool(row, name: str, default: bool | None) -> bool | None:
-    tensor = _tensor(row, name)
-    return default if tensor is None else bool(tensor.reshape(-1)[0])
-
-
-def _ids(row, name: str) -> list[int]:
-    tensor = _tensor(row, name)
-    return [] if tensor is None else tensor.reshape(-1).astype(np.int64).tolist()
-
-
-def _floats(row, name: str) -> list[float]:
-    tensor = _tensor(row, name)
-    return [] if tensor is None else tensor.reshape(-1).tolist()
-
-
-def _strings_array(texts: list[str]) -> np.ndarray:
-    return np.array([[t.encode("utf-8") for t in texts]], dtype=np.object_)
-
-
-def _same_length(name: str, values: list, other_name: str, others: list) -> None:
-    if len(values) != len(others):
-        raise RequestError(name, f"{name} has {len(values)} entries but {other_name} has {len(others)}")
+log = logging.getLogger("tritonllm.preprocessing")
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        params = ModelParameters(args)
-        self.model_dir = params.model_dir()
-        self.tokenizer = load_backend_tokenizer(self.model_dir)  # transformers' only on a first start
-        self.default_max_tokens = params.int("default_max_tokens", 16)
-        self.add_special_tokens = params.bool("add_special_tokens", True)
-        parser = os.environ.get(TOOL_CALL_PARSER_ENV) or params.get("tool_call_parser", "auto")
-        self.tool_format = resolve_format(parser, self.tokenizer)
-        # a reasoning model's think tags as ids, for the llm's thinking_budget (and grammars after the thinking)
-        self.thinking_tags = tuple(self.tokenizer.encode(tag, add_special_tokens=False) for tag in (OPENING, CLOSING))
-        # A template that renders no tools (SmolLM2's) gets them in the system prompt, in tool_format's words.
-        self.template_renders_tools = renders_tools(self.tokenizer)
-        # Prompt tokens allowed: min(max_input_tokens, max_seq_len - 1, the model's max_position_embeddings).
-        positions = load_model_config(params.model_dir()).get("max_position_embeddings", 1 << 31)
-        self.limits = {
-            "max_input_tokens": params.int("max_input_tokens", 1 << 31),
-            "max_seq_len - 1": params.int("max_seq_len", 1 << 31) - 1,
-            "max_position_embeddings - 1": positions - 1,
-        }
-        self.max_prompt_tokens = min(self.limits.values())
-        self.context = min(params.int("max_seq_len", 1 << 31), positions)  # prompt and generated tokens
-        self.exclude_input = params.exclude_input_in_output()
-        release_free_memory()  # the tokenizer's and the template's load
+        self.preprocessor = Preprocessor(ModelParameters(args))
 
     def execute(self, requests: list) -> list:
         return [self._one(request) for request in requests]
 
     def _one(self, request):
         wanted = set(request.requested_output_names())
-        if wanted == {"tokenizer_info"}:  # asked for alone: the inputs are not read
-            info = tokenizer_info(self.tokenizer, self.context)
-            return pb_utils.InferenceResponse([pb_utils.Tensor("tokenizer_info", _strings_array([info]))])
-        if wanted == {"tokenizer_snapshot"}:  # the same: for the shim's own detokenizer
-            snapshot = cached_snapshot(self.model_dir) or ""
-            return pb_utils.InferenceResponse([pb_utils.Tensor("tokenizer_snapshot", _strings_array([snapshot]))])
+        if len(wanted) == 1 and wanted <= TOKENIZER_OUTPUTS:  # asked for alone: the inputs are not read
+            (name,) = wanted
+            return pb_utils.InferenceResponse([pb_utils.Tensor(name, self.preprocessor.tokenizer_output(name))])
         inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
         try:
-            # several prompts in one request, as TensorRT-LLM's clients batch them: a row each, stacked again
-            rows = [self._prompt(row, wanted) for row in tensorrt_llm_face.split_rows(inputs)]
-            ours = rows[0] if len(rows) == 1 else tensorrt_llm_face.stacked(rows)
-        except ValueError as e:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(errors.to_message(e)))
-        theirs = tensorrt_llm_face.preprocessing_outputs(ours, wanted)  # for tensorrtllm_backend's clients
-        return pb_utils.InferenceResponse([pb_utils.Tensor(name, array) for name, array in {**ours, **theirs}.items()])
-
-    def _prompt(self, row: dict[str, np.ndarray], wanted: set[str]) -> dict[str, np.ndarray]:
-        """One prompt's inputs -> the llm's tensors for it, each [1, ...]."""
-        max_tokens = _int(row, "max_tokens", self.default_max_tokens)
-        if max_tokens < 1:
-            raise RequestError("max_tokens", f"max_tokens must be >= 1, got {max_tokens}")
-        ids = self._tokenize(row, max_tokens if _bool(row, "max_tokens_must_fit", False) else None)
-        bad_words = self._word_list(row, "bad_words")
-        stop_token_ids = [t for t in _ids(row, "stop_token_ids") if 0 <= t < len(self.tokenizer)]
-        stop_words = self._word_list(row, "stop_words", [[t] for t in stop_token_ids])
-        bias = self._embedding_bias(row)
-        prediction = _string(row, "prediction")
-        prediction_ids = self.tokenizer.encode(prediction, add_special_tokens=False) if prediction else []
-        thinking_start_ids, thinking_end_ids = self._thinking_tags(row, ids)
-        tok = self.tokenizer
-        end_id = _int(row, "end_id", tok.eos_token_id if tok.eos_token_id is not None else -1)
-        pad_id = _int(row, "pad_id", tok.pad_token_id if tok.pad_token_id is not None else end_id)
-        if _bool(row, "ignore_eos", False):
-            end_id = -1
-        # asked for by callers that only tokenize (the shim's /tokenize), never by the ensemble
-        extra = {}
-        if "token_strs" in wanted:
-            extra["token_strs"] = _strings_array(tok.convert_ids_to_tokens(ids))
-        if "context_len" in wanted:
-            extra["context_len"] = np.array([[self.context]], dtype=np.int32)
-        return {
-            **extra,
-            "input_ids": np.array([ids], dtype=np.int32),
-            "input_lengths": np.array([[len(ids)]], dtype=np.int32),
-            "request_output_len": np.array([[max_tokens]], dtype=np.int32),
-            "end_id": np.array([[end_id]], dtype=np.int32),
-            "pad_id": np.array([[pad_id]], dtype=np.int32),
-            "bad_words_list": bad_words[None],
-            "stop_words_list": stop_words[None],
-            "embedding_bias": bias[None],
-            "prediction_ids": np.array([prediction_ids], dtype=np.int32),
-            "thinking_start_ids": np.array([thinking_start_ids], dtype=np.int32),
-            "thinking_end_ids": np.array([thinking_end_ids], dtype=np.int32),
-            # the request's, else the model's parameter (TensorRT-LLM's: false echoes the prompt)
-            "exclude_input_in_output": np.array([[_bool(row, "exclude_input_in_output", self.exclude_input)]]),
-        }
-
-    def _thinking_tags(self, row, ids: list[int]) -> tuple[list[int], list[int]]:
-        """With a thinking_budget or thinking_open, the ids of the tags the llm follows the thinking block by: the
-        opening one (none when the answer starts inside the block) and the closing one."""
-        inside = _bool(row, "thinking_open", None)
-        if inside is None:
-            if _tensor(row, "thinking_budget") is None:
-                return [], []
-            inside = leaves_block_open(self.tokenizer.decode(ids))
-        opening, closing = self.thinking_tags
-        return ([] if inside else opening), closing
-
-    def _words(self, row, name: str) -> list[str]:
-        tensor = _tensor(row, name)
-        if tensor is None:
-            return []
-        return strings(tensor)
-
-    def _word_list(self, row, name: str, extra: list[list[int]] | None = None) -> np.ndarray:
-        """Words as text -> the llm's [2, N] list; each word tokenized on its own, as tensorrtllm_backend does."""
-        words = [self.tokenizer.encode(w, add_special_tokens=False) for w in self._words(row, name) if w]
-        return encode_word_list(words + (extra or []))
-
-    def _embedding_bias(self, row) -> np.ndarray:
-        """embedding_bias_words + embedding_bias_weights (on each word's tokens) and logit_bias_ids +
-        logit_bias_values (on those token ids) -> one [vocab] bias (empty: none)."""
-        words = self._words(row, "embedding_bias_words")
-        weights = _floats(row, "embedding_bias_weights")
-        _same_length("embedding_bias_words", words, "embedding_bias_weights", weights)
-        ids, values = _ids(row, "logit_bias_ids"), _floats(row, "logit_bias_values")
-        _same_length("logit_bias_ids", ids, "logit_bias_values", values)
-        if not words and not ids:
-            return np.zeros(0, dtype=np.float32)
-        self._check_ids("logit_bias_ids", ids)
-        bias = np.zeros(len(self.tokenizer), dtype=np.float32)
-        for word, weight in zip(words, weights, strict=True):
-            for token in self.tokenizer.encode(word, add_special_tokens=False):
-                bias[token] += weight
-        np.add.at(bias, ids, values)
-        return bias
-
-    def _check_ids(self, name: str, ids: list[int]) -> None:
-        vocab = len(self.tokenizer)
-        outside = [t for t in ids if not 0 <= t < vocab]
-        if outside:
-            raise RequestError(name, f"{name} holds token ids outside [0, {vocab}): {outside[:5]}")
-
-    def _render(self, row, conversation: list, tools: list | None) -> list[int]:
-        """A chat's ids, rendered as the request asks: continued, with its template variables, its own template."""
-        continued = _bool(row, "continue_final_message", False)
-        generation_prompt = _bool(row, "add_generation_prompt", not continued)
-        if continued and generation_prompt:
-            raise RequestError("continue_final_message", "continue_final_message needs add_generation_prompt: false")
-        raw = _string(row, "chat_template_kwargs")
-        variables = json_object(raw, "chat_template_kwargs") if raw else {}
-        reserved = sorted(RENDER_ARGUMENTS & set(variables))
-        if reserved:
-            field = f"chat_template_kwargs.{reserved[0]}"
-            raise RequestError(field, f"{field} is not a template variable")
-        try:
-            encoded = self.tokenizer.apply_chat_template(
-                conversation,
-                tools=tools,
-                add_generation_prompt=generation_prompt,
-                continue_final_message=continued,
-                chat_template=_string(row, "chat_template") or None,
-                tokenize=True,
-                return_dict=True,
-                **variables,
+            outputs = self.preprocessor.outputs(inputs, wanted)
+        except Exception as e:  # a RequestError is the request's fault; anything else a bug, logged
+            return pb_utils.InferenceResponse(
+                error=pb_utils.TritonError(errors.to_message(e, request.request_id(), log))
             )
-        except (TemplateError, ValueError, TypeError) as e:  # the request's template, variables or last message
-            raise RequestError("chat_messages", f"the chat template could not render chat_messages: {e}") from e
-        return list(encoded["input_ids"])
-
-    def _tokenize(self, row, output_tokens: int | None) -> list[int]:
-        """The prompt's ids; `output_tokens` (max_tokens_must_fit): they must fit in the context after it."""
-        messages = _string(row, "chat_messages")
-        if messages is not None:
-            conversation = json_list(messages, "chat_messages")
-            tools = _string(row, "chat_tools")
-            tools = json_list(tools, "chat_tools") if tools else None
-            if tools and not self.template_renders_tools:
-                conversation, tools = with_tools_in_prompt(conversation, tools, self.tool_format), None
-            ids = self._render(row, conversation, tools)
-        elif _tensor(row, "prompt_token_ids") is not None:
-            ids = _ids(row, "prompt_token_ids")
-            self._check_ids("prompt_token_ids", ids)
-        else:
-            text = _string(row, "text_input")
-            if text is None:
-                raise RequestError("text_input", "text_input (or chat_messages, or prompt_token_ids) is required")
-            raw = _bool(row, "use_raw_prompt", False)  # exactly the text: no special tokens added
-            ids = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens and not raw)
-        if not ids:
-            raise RequestError("text_input", "text_input is empty after tokenization")
-        if len(ids) > self.max_prompt_tokens:
-            if not _bool(row, "truncate_prompt", False):
-                limits = ", ".join(f"{name} = {value}" for name, value in self.limits.items() if value < 1 << 30)
-                raise RequestError(
-                    "text_input",
-                    f"text_input has {len(ids)} tokens; at most {self.max_prompt_tokens} are allowed ({limits})",
-                )
-            ids = ids[len(ids) - self.max_prompt_tokens :]  # keep the end, which the generation continues
-        if output_tokens is not None and len(ids) + output_tokens > self.context:
-            if not _bool(row, "truncate_prompt", False) or output_tokens >= self.context:
-                raise RequestError(
-                    "max_tokens",
-                    f"max_tokens is too large: {output_tokens}; the context holds {self.context} tokens and the "
-                    f"prompt has {len(ids)} ({output_tokens} > {self.context} - {len(ids)})",
-                )
-            ids = ids[len(ids) + output_tokens - self.context :]
-        return ids
+        return pb_utils.InferenceResponse([pb_utils.Tensor(name, array) for name, array in outputs.items()])

@@ -1,5 +1,5 @@
 """TensorRT-LLM's `tensorrt_llm` model: each request relayed to the engine's model `llm` (a BLS call), its
-answers given TensorRT-LLM's rules (tritonllm/runtime/tensorrt_llm_face.py).
+answers given TensorRT-LLM's rules (tritonllm/backend/tensorrt_llm_face.py).
 
 Decoupled or not as the config says (`serve --decoupled-mode`, TensorRT-LLM's `decoupled_mode`): either way
 `execute()` hands each request to a thread of its own and returns, and that thread answers through the request's
@@ -9,16 +9,19 @@ streamed ones do. A request whose client went away is stopped in the llm by its 
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from tritonllm import errors
-from tritonllm.request_parameters import scalar
-from tritonllm.runtime import tensorrt_llm_face
-from tritonllm.runtime.model_config import ModelParameters
+from tritonllm.backend import tensorrt_llm_face
+from tritonllm.backend.model_parameters import ModelParameters
+from tritonllm.common import errors
+from tritonllm.common.request_parameters import scalar
+
+log = logging.getLogger("tritonllm.tensorrt_llm")
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCEL_POLL_S = 0.1
@@ -48,8 +51,9 @@ class TritonPythonModel:
         inputs = {t.name(): t.as_numpy() for t in request.inputs()}
         try:
             rows = tensorrt_llm_face.generations(inputs, self.exclude_input_default, self.decoupled)
-        except ValueError as e:
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(errors.to_message(e))), flags=FINAL)
+        except Exception as e:  # a RequestError is the request's fault; anything else a bug, logged
+            message = errors.to_message(e, request.request_id(), log)
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=FINAL)
             return
         if "stop" in inputs or "pause" in inputs:  # the llm's control requests pass through as they are
             rows = rows[:1]

@@ -1,4 +1,4 @@
-"""Triton adapter for tritonllm.reranker: rows of (query, document) in, one score and one token count per row out.
+"""Triton adapter for backend/reranker.py: rows of (query, document) in, one score and one token count per row out.
 
 A request with a pair over the model's token limit gets an error naming its row; the other requests of the batch
 are answered.
@@ -6,18 +6,21 @@ are answered.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from tritonllm import errors
-from tritonllm.reranker import RERANK_MODEL_DIR_ENV, CrossEncoderScorer, PairTooLong
-from tritonllm.runtime.model_config import ModelParameters, strings
+from tritonllm.backend.model_parameters import ModelParameters, strings
+from tritonllm.backend.reranker import RERANK_MODEL_DIR_ENV, CrossEncoderScorer
+from tritonllm.common import errors
+
+log = logging.getLogger("tritonllm.reranker")
 
 
 def _texts(request, name: str) -> list[str]:
-    return strings(pb_utils.get_input_tensor_by_name(request, name).as_numpy())
+    return strings(pb_utils.get_input_tensor_by_name(request, name).as_numpy(), name)
 
 
 class TritonPythonModel:
@@ -34,8 +37,8 @@ class TritonPythonModel:
             try:
                 queries, documents = _texts(request, "query"), _texts(request, "document")
                 prepared.append((queries, documents, self.scorer.count_tokens(queries, documents)))
-            except (PairTooLong, UnicodeDecodeError) as e:
-                prepared.append(pb_utils.TritonError(errors.to_message(e)))
+            except Exception as e:  # a RequestError is the request's fault; anything else a bug, logged
+                prepared.append(pb_utils.TritonError(errors.to_message(e, request.request_id(), log)))
         ok = [p for p in prepared if not isinstance(p, pb_utils.TritonError)]
         scores = self.scorer.score([q for p in ok for q in p[0]], [d for p in ok for d in p[1]])
         responses, start = [], 0

@@ -14,13 +14,13 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
+from tritonllm.backend.coalesce import PendingResponse, coalesce
+from tritonllm.backend.stream_interval import StreamInterval
 from tritonllm.engine import inference_request
 from tritonllm.engine.logits_processors import matched_word
 from tritonllm.engine.sequence import FinishReason
-from tritonllm.runtime import multiplex, response_status
-from tritonllm.runtime.coalesce import PendingResponse, coalesce
-from tritonllm.runtime.stream_interval import StreamInterval
 from tritonllm.tokenizer.detokenizer import CONTEXT_TOKENS
+from tritonllm.wire import multiplex, response_status
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 log = logging.getLogger(__name__)
@@ -30,8 +30,8 @@ class ResponseQueue:
     """Builds and sends responses on a thread of its own, so the engine thread never waits on Triton's IPC.
 
     One thread, first in first out: a request's responses keep their order and the FINAL one comes last. What
-    has queued up while a send was under way is merged per sequence first (tritonllm.runtime.coalesce), and the
-    responses of generations on a multiplexed channel go out as one response on it (tritonllm.runtime.multiplex),
+    has queued up while a send was under way is merged per sequence first (tritonllm.backend.coalesce), and the
+    responses of generations on a multiplexed channel go out as one response on it (tritonllm.wire.multiplex),
     before their requests' FINAL flags.
     """
 

@@ -13,43 +13,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import gguf
+from tritonllm.formats import gguf
+from tritonllm.wire.triton_names import TritonNames
 
 TRITON_NAME = re.compile(r"[A-Za-z0-9_.-]+")
-
-
-@dataclass(frozen=True)
-class TritonNames:
-    """The Triton models that serve one LLM."""
-
-    ensemble: str = "ensemble"
-    preprocessing: str = "preprocessing"
-    llm: str = "llm"
-    postprocessing: str = "postprocessing"
-    tensorrt_llm: str = "tensorrt_llm"  # TensorRT-LLM's ids-level face over llm (runtime/tensorrt_llm_face.py)
-
-    @classmethod
-    def named(cls, ensemble: str) -> TritonNames:
-        return cls(
-            ensemble,
-            f"{ensemble}-preprocessing",
-            f"{ensemble}-llm",
-            f"{ensemble}-postprocessing",
-            f"{ensemble}-tensorrt_llm",
-        )
-
-    def by_folder(self) -> dict[str, str]:
-        """The repository's folder of each model -> its name for this LLM."""
-        return {
-            "ensemble": self.ensemble,
-            "preprocessing": self.preprocessing,
-            "llm": self.llm,
-            "postprocessing": self.postprocessing,
-            "tensorrt_llm": self.tensorrt_llm,
-        }
-
-
-REPOSITORY_NAMES = TritonNames()  # the first LLM's
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ def detected_name(model_dir: Path, kind: str, derived_by: Path, known: Collectio
     name = cached.read_text().strip() if cached.is_file() else ""
     if name in known:
         return name
-    from ..runtime.model_config import load_tokenizer
+    from tritonllm.formats.hf_folder import load_tokenizer
 
     name = detect(load_tokenizer(model_dir))
     write(cached, name)

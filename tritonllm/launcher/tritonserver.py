@@ -26,9 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import decoupled_mode
-from .allocator import with_allocator
-from .model_set import TritonNames, renamed_config
+from tritonllm.launcher import decoupled_mode
+from tritonllm.launcher.allocator import with_allocator
+from tritonllm.launcher.model_set import renamed_config
+from tritonllm.wire.api_key import API_KEY_HEADER
+from tritonllm.wire.triton_names import TritonNames
 
 
 class ServerError(RuntimeError):
@@ -155,8 +157,6 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     raise OSError(f"no {count} free ports in {PICKED_PORTS} on {host}")
 
 
-API_KEY_HEADER = "triton-api-key"
-GRPC_API_KEY_HEADER = f"triton-grpc-protocol-{API_KEY_HEADER}"  # Triton prefixes the gRPC one
 # Every API Triton can restrict but health, which probes need (Kubernetes' and `serve`'s own readiness poll).
 RESTRICTED_APIS = (
     "metadata",
@@ -185,7 +185,7 @@ class TritonServer:
     # several LLMs (model_set.py): each one's Triton names and model folder; empty: the repository's one LLM
     llms: list[tuple[TritonNames, Path]] = field(default_factory=list)
     # TensorRT-LLM's decoupled_mode for tensorrt_llm and the ensemble: false answers unary infer, refuses
-    # streaming (runtime/decoupled_mode.py); llm stays decoupled either way
+    # streaming (launcher/decoupled_mode.py); llm stays decoupled either way
     decoupled: bool = True
     # Triton's explicit model control: only these models load at start, the others when a client asks
     # (the repository API); None: every model loads at start and the repository cannot be changed

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import triton_python_backend_utils as pb_utils
 
+from tritonllm.backend.llm_responses import take_queued
 from tritonllm.engine.engine import LLMEngine
 from tritonllm.engine.sequence import FinishReason
-from tritonllm.runtime.llm_responses import take_queued
 
 log = logging.getLogger(__name__)
 

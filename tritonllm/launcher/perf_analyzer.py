@@ -14,7 +14,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from .tritonserver import library_dirs
+from tritonllm.launcher.tritonserver import library_dirs
 
 WHEEL = "tritonclient==2.48.0"
 MEMBER = "tritonclient-2.48.0.data/data/bin/perf_analyzer"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import RequestError
+from tritonllm.common.errors import RequestError
 
 EMBEDDING_MODEL_DIR_ENV = "TRITONLLM_EMBEDDING_MODEL_DIR"
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import RequestError
+from tritonllm.common.errors import RequestError
 
 UINT64_MAX = (1 << 64) - 1
 INT32_MAX = (1 << 31) - 1

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import RequestError
-from ..request_parameters import batch_rows, scalar
-from . import response_status
+from tritonllm.common.errors import RequestError
+from tritonllm.common.request_parameters import batch_rows, scalar
+from tritonllm.wire import response_status
 
 # tensorrtllm_backend's preprocessing and postprocessing, called on their own (its end_to_end_test does): their
 # input names -> ours, and the outputs its clients read

@@ -6,8 +6,8 @@ import json
 import os
 from pathlib import Path
 
-from ..errors import RequestError
-from . import gguf
+from tritonllm.common.errors import RequestError
+from tritonllm.formats import gguf
 
 MODEL_DIR_ENV = "TRITONLLM_MODEL_DIR"
 TOOL_CALL_PARSER_ENV = "TRITONLLM_TOOL_CALL_PARSER"  # overrides preprocessing's tool_call_parser parameter
@@ -73,21 +73,12 @@ class ModelParameters:
         return path if path.is_absolute() else self.repository_parent / path
 
 
-def strings(array) -> list[str]:
-    """A BYTES tensor's values as text."""
-    return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in array.reshape(-1)]
-
-
-def load_tokenizer(model_dir: Path):
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir)
-
-
-def load_model_config(model_dir: Path) -> dict:
-    """The HF model's config.json."""
-    return json.loads((model_dir / "config.json").read_text())
+def strings(array, field: str | None = None) -> list[str]:
+    """A BYTES tensor's values as text; bytes that are not UTF-8 are refused, naming `field`."""
+    try:
+        return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in array.reshape(-1)]
+    except UnicodeDecodeError as e:
+        raise RequestError(field, f"{field or 'an input'} is not UTF-8 text: {e}") from e
 
 
 def json_list(raw: str, field: str) -> list:

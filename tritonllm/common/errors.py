@@ -5,10 +5,15 @@ A Triton error response carries only a message (a decoupled gRPC stream has no s
 the ensemble passes its steps' messages on as they are), so the type travels at the head of the message:
 `[invalid_argument:max_tokens] max_tokens is too large: ...`. Triton clients read it as text; the shim reads
 it back with `from_message` and answers 400 or 429 with `param` set, never by guessing from the wording.
+
+Only a RequestError is the client's fault. Any other exception inside a model is a bug: the model logs its
+traceback and answers `internal_message`, which names the request and nothing of the exception, and the shim
+answers 500 with the request id.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 
 
@@ -38,9 +43,21 @@ _BY_CODE = {cls.code: cls for cls in (RequestError, Overloaded)}
 _HEAD = re.compile(r"^\[(\w+):([\w.\[\]]*)\] (.*)$", re.DOTALL)
 
 
-def to_message(error: Exception) -> str:
-    """What a model sends as its error response's message."""
-    return error.wire() if isinstance(error, RequestError) else str(error)
+INTERNAL = "internal"
+
+
+def internal_message(request_id: str) -> str:
+    """What a model answers for a bug of its own, in place of the exception's words."""
+    return f"[{INTERNAL}:] internal error serving request {request_id or '(no id)'}; the server's log has its cause"
+
+
+def to_message(error: Exception, request_id: str, log: logging.Logger) -> str:
+    """What a model sends as its error response's message: a RequestError's typed wire form; anything else is
+    logged with its traceback and answered as an internal error."""
+    if isinstance(error, RequestError):
+        return error.wire()
+    log.error("internal error serving request %s", request_id or "(no id)", exc_info=error)
+    return internal_message(request_id)
 
 
 def from_message(message: str) -> RequestError | None:
