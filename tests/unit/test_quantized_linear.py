@@ -10,12 +10,13 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType, quants
 from oracles import greedy_ids
 
-from tritonllm.engine import cpu_kernels, quantized_linear
+from tritonllm.engine import cpu_kernels, gguf_swap, quantized_linear
 from tritonllm.engine.engine import EngineConfig, LLMEngine
-from tritonllm.engine.quantized_linear import BlockQuantized, QuantizedEmbedding, QuantizedLinear, from_gguf
+from tritonllm.engine.quantized_linear import QuantizedEmbedding, QuantizedLinear
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import Sequence
 from tritonllm.formats import gguf, model_cache
+from tritonllm.formats.gguf_blocks import BlockQuantized, from_gguf
 
 # Built (or loaded from the cache) here: a build that fails is this module's error, never a skip.
 cpu_kernels.build()
@@ -182,7 +183,7 @@ def test_a_layer_whose_blocks_differ_from_its_weight_stays_float32(smollm2_q4_1,
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
     with torch.no_grad():
         model.model.layers[3].mlp.up_proj.weight[0, 0] += 1.0
-    assert quantized_linear.quantize_from_gguf(model, file) == 210
+    assert gguf_swap.quantize_from_gguf(model, file) == 210
     assert type(model.model.layers[3].mlp.up_proj) is torch.nn.Linear
     assert isinstance(model.model.layers[3].mlp.down_proj, QuantizedLinear)
 
@@ -224,7 +225,7 @@ def test_a_layer_whose_kernel_computes_otherwise_stays_float32(smollm2_q4_1, mon
     monkeypatch.setattr(
         QuantizedLinear, "forward", lambda self, x: honest(self, x) * (1.001 if self.out_features == 1536 else 1)
     )
-    assert quantized_linear.quantize_from_gguf(model, file) == 211 - 60
+    assert gguf_swap.quantize_from_gguf(model, file) == 211 - 60
     mlp = model.model.layers[5].mlp
     assert type(mlp.gate_proj) is torch.nn.Linear and type(mlp.up_proj) is torch.nn.Linear
     assert isinstance(mlp.down_proj, QuantizedLinear)
@@ -243,7 +244,7 @@ def test_a_later_load_of_the_same_file_reads_the_checks_verdict(smollm2_q4_1, mo
 
     def load(gguf_file) -> int:
         model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
-        return quantized_linear.quantize_from_gguf(model, gguf_file)
+        return gguf_swap.quantize_from_gguf(model, gguf_file)
 
     def off(self, x):  # a thousandth off on gate_proj's and up_proj's shape: 60 layers
         return honest(self, x) * (1.001 if self.out_features == 1536 else 1)

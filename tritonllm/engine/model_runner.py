@@ -14,6 +14,7 @@ from tritonllm.common.memory import release_free_memory
 from tritonllm.engine import (
     cpu_kernels,
     fused_projections,
+    gguf_swap,
     greedy_screen,
     llama_model,
     lora,
@@ -152,9 +153,7 @@ class ModelRunner:
         else:
             if gguf_file is not None and self.native_decode:
                 layout = reference.gguf_layout if reference else None
-                self.quantized_layers = quantized_linear.quantize_from_gguf(
-                    self.model, gguf_file, int8_activations, layout
-                )
+                self.quantized_layers = gguf_swap.quantize_from_gguf(self.model, gguf_file, int8_activations, layout)
             fast_linears = native_linear.available(self.device, self.dtype)
             fused_projections.fuse(self.model, fast_linears)
             if fast_linears:

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from tritonllm.common.interpreter import python_executable
-from tritonllm.engine import quantized_linear
+from tritonllm.formats import gguf_layout as layouts
 from tritonllm.formats import model_cache
 
 TIMEOUT_S = 600
@@ -32,7 +32,7 @@ class Reference:
     logits: torch.Tensor  # float32 [len(ids), vocab]
     inv_freq: torch.Tensor
     attention_scaling: float
-    gguf_layout: quantized_linear.GGUFLayout | None
+    gguf_layout: layouts.GGUFLayout | None
 
 
 def reference(model_dir: Path, ids: list[int], gguf_file: Path | None) -> Reference:
@@ -54,7 +54,7 @@ def reference(model_dir: Path, ids: list[int], gguf_file: Path | None) -> Refere
 def _cache_file(model_dir: Path, ids: list[int], gguf_file: Path | None) -> Path:
     files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in Path(model_dir).iterdir() if p.is_file())
     source = [str(gguf_file.resolve()), gguf_file.stat().st_size, gguf_file.stat().st_mtime_ns] if gguf_file else []
-    code = [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in (__file__, quantized_linear.__file__)]
+    code = [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in (__file__, layouts.__file__)]
     identity = [str(Path(model_dir).resolve()), files, ids, source, code]
     identity += [version(package) for package in ("torch", "transformers", "gguf")]
     key = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:32]
@@ -72,7 +72,7 @@ def compute(model_dir: Path, ids: list[int], gguf_file: Path | None) -> dict:
         "logits": logits,
         "inv_freq": rotary.inv_freq.float(),
         "attention_scaling": float(rotary.attention_scaling),
-        "gguf_layout": quantized_linear.gguf_layout(model, gguf_file) if gguf_file else None,
+        "gguf_layout": layouts.gguf_layout(model, gguf_file) if gguf_file else None,
     }
 
 
