@@ -10,7 +10,8 @@ import asyncio
 import pytest
 from triton_helpers import metric, wait_for
 
-from tritonllm.shim.triton_client import GenerationRequest, TritonLLMClient
+from tritonllm.shim.triton_client import TritonLLMClient
+from tritonllm.shim.triton_requests import GenerationRequest
 
 pytestmark = pytest.mark.slow
 

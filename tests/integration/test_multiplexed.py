@@ -10,7 +10,8 @@ import pytest
 from triton_helpers import metric, wait_for
 
 from tritonllm.shim import mux_channel
-from tritonllm.shim.triton_client import GenerationRequest, TritonLLMClient
+from tritonllm.shim.triton_client import TritonLLMClient
+from tritonllm.shim.triton_requests import GenerationRequest
 
 STREAMS = 8
 

@@ -10,7 +10,7 @@ import pytest
 from tritonllm.common import errors
 from tritonllm.engine import inference_request
 from tritonllm.shim.errors import APIError
-from tritonllm.shim.triton_client import TritonRequestError
+from tritonllm.shim.triton_errors import TritonRequestError
 
 
 @pytest.mark.parametrize(

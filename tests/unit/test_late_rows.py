@@ -9,7 +9,8 @@ import pytest
 
 from tritonllm.shim import triton_client
 from tritonllm.shim.mux_channel import ChannelClosed
-from tritonllm.shim.triton_client import Call, TritonUnavailable
+from tritonllm.shim.triton_call import Call
+from tritonllm.shim.triton_errors import TritonUnavailable
 from tritonllm.wire import multiplex
 
 

@@ -12,7 +12,7 @@ from tritonllm.common.errors import RequestError
 from tritonllm.common.request_parameters import PARAMETERS, Parameter, read
 from tritonllm.engine import inference_request
 from tritonllm.launcher import parameter_configs
-from tritonllm.shim.triton_client import NUMPY_TYPES, GenerationRequest
+from tritonllm.shim.triton_requests import NUMPY_TYPES, GenerationRequest
 
 REQUIRED = {"input_ids": np.array([[1, 2]], dtype=np.int32), "request_output_len": np.array([[2]], np.int32)}
 CANDIDATES = {"INT32": [-2, -1, 0, 1, 2, 100], "FP32": [-1.0, 0.0, 0.5, 1.0, 1.5, float("inf")]}

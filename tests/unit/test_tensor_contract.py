@@ -11,7 +11,7 @@ import pytest
 from conftest import REPOSITORY
 
 from tritonllm.engine import inference_request
-from tritonllm.shim.triton_client import GenerationRequest, TokenizeRequest
+from tritonllm.shim.triton_requests import GenerationRequest, TokenizeRequest
 
 WIRE_TYPES = {"TYPE_STRING": "BYTES", "TYPE_BOOL": "BOOL", "TYPE_INT32": "INT32", "TYPE_INT64": "INT64"}
 WIRE_TYPES |= {"TYPE_UINT64": "UINT64", "TYPE_FP32": "FP32", "TYPE_FP16": "FP16"}

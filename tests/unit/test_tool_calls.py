@@ -190,7 +190,7 @@ def test_call_schemas_close_objects_that_list_their_properties():
 def test_serve_detects_the_tool_call_format_once_then_reads_it_from_the_cache(tmp_path, monkeypatch):
     from conftest import MODELS
 
-    from tritonllm.backend import model_parameters as model_config
+    from tritonllm.formats import hf_folder
     from tritonllm.formats.model_cache import CACHE_ENV
     from tritonllm.tokenizer.tool_calls import resolve_format_of
 
@@ -202,6 +202,6 @@ def test_serve_detects_the_tool_call_format_once_then_reads_it_from_the_cache(tm
     def not_again(_):
         raise AssertionError("the tokenizer was loaded again")
 
-    monkeypatch.setattr(model_config, "load_tokenizer", not_again)
+    monkeypatch.setattr(hf_folder, "load_tokenizer", not_again)
     assert resolve_format_of("auto", model) == expected
     assert resolve_format_of("hermes", model) == FORMATS["hermes"]

@@ -1,6 +1,6 @@
 """POST /v1/embeddings onto the Triton `embedding` model.
 
-The inputs go in chunks of the model's max_batch_size, all at once; Triton's dynamic batcher joins what arrives
+The inputs go in batches of the model's max_batch_size, all at once; Triton's dynamic batcher joins what arrives
 together. The OpenAI SDKs ask for base64 unless told otherwise, so both encodings are served.
 """
 
@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tritonllm.shim.errors import APIError, json_body
 from tritonllm.shim.openai_protocol import MAX_TEXT_CHARS
-from tritonllm.shim.row_chunks import in_chunks
+from tritonllm.shim.row_batches import in_batches
 from tritonllm.shim.settings import ShimSettings
 
 MAX_INPUTS = 2048  # as OpenAI's API
@@ -60,7 +60,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
             raise APIError(413, f"input is over {MAX_TEXT_CHARS} characters", "input")
         client = request.app.state.triton
         embed = lambda start, end: client.embed(texts[start:end], body.instruction)  # noqa: E731
-        results = await in_chunks(request, len(texts), embed, "text_input", "input")
+        results = await in_batches(request, len(texts), embed, "text_input", "input")
         vectors = np.concatenate([v for v, _ in results])
         if body.dimensions is not None and body.dimensions != vectors.shape[1]:
             raise APIError(400, f"dimensions must be {vectors.shape[1]} for {body.model!r} (or left out)", "dimensions")

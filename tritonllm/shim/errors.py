@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tritonllm.shim.triton_client import TritonRequestError
+from tritonllm.shim.triton_errors import TritonRequestError
 
 log = logging.getLogger(__name__)
 

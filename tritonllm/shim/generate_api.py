@@ -16,7 +16,7 @@ from tritonllm.common.request_parameters import INT32_MAX, UINT64_MAX
 from tritonllm.shim.errors import APIError, json_body
 from tritonllm.shim.generation import STOP_STRING, Piece, generate, primed, until_disconnected
 from tritonllm.shim.settings import ShimSettings
-from tritonllm.shim.triton_client import GenerationRequest
+from tritonllm.shim.triton_requests import GenerationRequest
 
 MAX_TEXT_CHARS = 4 * 1024 * 1024
 SPEC_FINISH = {"end_id": "eos_token", STOP_STRING: "stop_sequence", "stop_words": "stop_sequence", "length": "length"}
@@ -144,12 +144,12 @@ class Events:
             if piece.finish_reason:
                 details["finish_reason"] = SPEC_FINISH[piece.finish_reason]
             details.update(
-                generated_tokens=piece.chunk.num_output_tokens,
+                generated_tokens=piece.delta.num_output_tokens,
                 # perf_stat: the first token's latency and the decoding time so far, in milliseconds
                 first_token_cost=self.first_token_ms if self.perf_stat else None,
                 decode_cost=round(self.decode_ms, 3) if self.perf_stat else None,
-                batch_size=piece.chunk.batch_size,
-                queue_wait_time=piece.chunk.queue_wait_us,
+                batch_size=piece.delta.batch_size,
+                queue_wait_time=piece.delta.queue_wait_us,
             )
             out["details"] = details
         out["prefill_time"] = elapsed_ms if first else None

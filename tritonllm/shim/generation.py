@@ -11,13 +11,10 @@ from typing import TypeVar
 from fastapi import Request
 
 from tritonllm.shim.errors import APIError
-from tritonllm.shim.triton_client import (
-    Chunk,
-    GenerationRequest,
-    TritonLLMClient,
-    TritonRequestError,
-    TritonUnavailable,
-)
+from tritonllm.shim.triton_client import TritonLLMClient
+from tritonllm.shim.triton_errors import TritonRequestError, TritonUnavailable
+from tritonllm.shim.triton_requests import GenerationRequest
+from tritonllm.shim.triton_responses import ResponseDelta
 from tritonllm.tokenizer.stop_strings import StopStringMatcher
 
 STOP_STRING = "stop_string"  # finish reason when a stop string matched; the engine's own are end_id and length
@@ -29,7 +26,7 @@ T = TypeVar("T")
 class Piece:
     text: str
     finish_reason: str | None  # set on a sample's last piece: end_id, length, stop_words or stop_string
-    chunk: Chunk  # the sample index, token counts, log-probs, batch size and queue wait as of this piece
+    delta: ResponseDelta  # the sample index, token counts, log-probs, batch size and queue wait as of this piece
     stop: str | int | None = None  # the stop string or stop token id that ended the sample
 
     @property
@@ -45,26 +42,26 @@ async def generate(
     matchers: dict[int, StopStringMatcher] = {}
     done: set[int] = set()
     try:
-        async with aclosing(client.generate(request)) as chunks:
-            async for chunk in chunks:
-                if chunk.index in done:
+        async with aclosing(client.generate(request)) as deltas:
+            async for delta in deltas:
+                if delta.index in done:
                     continue  # a sample already ended by a stop string, which the engine does not know of
-                matcher = matchers.setdefault(chunk.index, StopStringMatcher(stop))
-                text = matcher.feed(chunk.text)
-                if chunk.finish_reason == "timeout":
-                    raise APIError(408, f"the request timed out after {chunk.num_output_tokens} tokens", "timeout")
-                if chunk.finish_reason in ("cancelled", "error"):
-                    raise APIError(500, f"generation ended early: {chunk.finish_reason}")
+                matcher = matchers.setdefault(delta.index, StopStringMatcher(stop))
+                text = matcher.feed(delta.text)
+                if delta.finish_reason == "timeout":
+                    raise APIError(408, f"the request timed out after {delta.num_output_tokens} tokens", "timeout")
+                if delta.finish_reason in ("cancelled", "error"):
+                    raise APIError(500, f"generation ended early: {delta.finish_reason}")
                 if matcher.matched is not None:
-                    piece = Piece(text + (matcher.matched if include_stop else ""), STOP_STRING, chunk, matcher.matched)
-                elif chunk.finish_reason:
-                    stop_token = chunk.stop_token if chunk.stop_token >= 0 else None
-                    piece = Piece(text + matcher.flush(), chunk.finish_reason, chunk, stop_token)
+                    piece = Piece(text + (matcher.matched if include_stop else ""), STOP_STRING, delta, matcher.matched)
+                elif delta.finish_reason:
+                    stop_token = delta.stop_token if delta.stop_token >= 0 else None
+                    piece = Piece(text + matcher.flush(), delta.finish_reason, delta, stop_token)
                 else:
-                    piece = Piece(text, None, chunk)
+                    piece = Piece(text, None, delta)
                 yield piece
                 if piece.finish_reason:
-                    done.add(chunk.index)
+                    done.add(delta.index)
                     if len(done) == request.num_finals:
                         return
     except TritonRequestError as e:

@@ -18,14 +18,10 @@ import numpy as np
 
 from tritonllm.shim.errors import APIError
 from tritonllm.shim.settings import ShimSettings
-from tritonllm.shim.triton_client import (
-    Chunk,
-    GenerationRequest,
-    Tokenized,
-    TokenizeRequest,
-    TritonLLMClient,
-    TritonRequestError,
-)
+from tritonllm.shim.triton_client import TritonLLMClient
+from tritonllm.shim.triton_errors import TritonRequestError
+from tritonllm.shim.triton_requests import GenerationRequest, Tokenized, TokenizeRequest
+from tritonllm.shim.triton_responses import ResponseDelta
 
 UNLOAD_WAIT_S = 120.0  # for an unloaded model's processes to end, so that its memory is back before the next loads
 POLL_S = 0.1
@@ -61,10 +57,10 @@ class ModelPool:
             return False
         return any(loaded.get(client.names.ensemble) == READY for client in self.clients.values())
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
-        async with self.using(request.model) as client, contextlib.aclosing(client.generate(request)) as chunks:
-            async for chunk in chunks:
-                yield chunk
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[ResponseDelta]:
+        async with self.using(request.model) as client, contextlib.aclosing(client.generate(request)) as deltas:
+            async for delta in deltas:
+                yield delta
 
     async def tokenize(self, request: TokenizeRequest) -> Tokenized:
         async with self.using(request.model) as client:

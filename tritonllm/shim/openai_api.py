@@ -25,7 +25,7 @@ from tritonllm.shim.openai_serving import (
     generated_pieces,
 )
 from tritonllm.shim.settings import Served, ShimSettings
-from tritonllm.shim.triton_client import GenerationRequest
+from tritonllm.shim.triton_requests import GenerationRequest
 
 ChatBody = Annotated[ChatRequest, Depends(json_body(ChatRequest))]
 CompletionBody = Annotated[CompletionRequest, Depends(json_body(CompletionRequest))]

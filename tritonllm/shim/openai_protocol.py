@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tritonllm.common.request_parameters import INT32_MAX, UINT64_MAX
 from tritonllm.shim.errors import APIError
-from tritonllm.shim.triton_client import GenerationRequest
+from tritonllm.shim.triton_requests import GenerationRequest
 from tritonllm.shim.vllm_fields import VLLMFields
 from tritonllm.tokenizer.tool_calls import ToolCallFormat
 

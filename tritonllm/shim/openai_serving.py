@@ -17,7 +17,8 @@ from tritonllm.shim.errors import APIError
 from tritonllm.shim.generation import STOP_STRING, Piece, generate
 from tritonllm.shim.openai_protocol import MAX_TEXT_CHARS, ChatRequest, CompletionRequest, SamplingFields
 from tritonllm.shim.settings import ShimSettings
-from tritonllm.shim.triton_client import GenerationRequest, TokenLogprob
+from tritonllm.shim.triton_requests import GenerationRequest
+from tritonllm.shim.triton_responses import TokenLogprob
 from tritonllm.tokenizer import reasoning
 from tritonllm.tokenizer.reasoning import ThinkingSplit
 from tritonllm.tokenizer.tool_calls import FORMATS, ToolCallParser
@@ -39,7 +40,7 @@ class Choice:
     completion_tokens: int = 0
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
-    arrivals: list[tuple[float, int]] = field(default_factory=list)  # each chunk's arrival and its tokens
+    arrivals: list[tuple[float, int]] = field(default_factory=list)  # each response's arrival and its tokens
     batch_sizes: list[int] = field(default_factory=list)
     queue_waits: list[int] = field(default_factory=list)
     # a reasoning model's: its thinking apart from its answer, and the last piece's share of each
@@ -49,24 +50,24 @@ class Choice:
     last_split: tuple[str, str] = ("", "")
 
     def add(self, piece: Piece) -> None:
-        chunk = piece.chunk
+        delta = piece.delta
         self.text += piece.text
         if self.thinking is not None:
             final = bool(piece.finish_reason)
-            thought, said = self.thinking.feed(piece.text, chunk.token_texts, chunk.num_tokens, final)
+            thought, said = self.thinking.feed(piece.text, delta.token_texts, delta.num_tokens, final)
             self.reasoning, self.content = self.reasoning + thought, self.content + said
             self.last_split = (thought, said)
-        self.logprobs += chunk.logprobs
-        if chunk.prompt_text is not None:
-            self.prompt_text, self.prompt_logprobs = chunk.prompt_text, chunk.prompt_logprobs
-        self.prompt_tokens, self.completion_tokens = chunk.num_input_tokens, chunk.num_output_tokens
-        self.accepted_prediction_tokens = chunk.accepted_prediction_tokens
-        self.rejected_prediction_tokens = chunk.rejected_prediction_tokens
-        self.arrivals.append((chunk.arrived, chunk.num_tokens))
+        self.logprobs += delta.logprobs
+        if delta.prompt_text is not None:
+            self.prompt_text, self.prompt_logprobs = delta.prompt_text, delta.prompt_logprobs
+        self.prompt_tokens, self.completion_tokens = delta.num_input_tokens, delta.num_output_tokens
+        self.accepted_prediction_tokens = delta.accepted_prediction_tokens
+        self.rejected_prediction_tokens = delta.rejected_prediction_tokens
+        self.arrivals.append((delta.arrived, delta.num_tokens))
         # Per token: the batch it was generated in, and the time it waited in the queue (only the first did).
-        for _ in range(max(chunk.num_tokens, 1)):
-            self.batch_sizes.append(chunk.batch_size)
-            self.queue_waits.append(0 if len(self.queue_waits) else chunk.queue_wait_us)
+        for _ in range(max(delta.num_tokens, 1)):
+            self.batch_sizes.append(delta.batch_size)
+            self.queue_waits.append(0 if len(self.queue_waits) else delta.queue_wait_us)
         if piece.finish_reason:
             self.finish_reason, self.stop = piece.finish_reason, piece.stop
 
@@ -117,14 +118,14 @@ async def generated_pieces(client, gens: list[GenerationRequest], stops: list[st
 
 def _beams_of(piece: Piece) -> list[Piece]:
     """A beam search's final piece holds every beam's text: one piece per beam, as if they were samples."""
-    texts = piece.chunk.texts
+    texts = piece.delta.texts
     if len(texts) == 1:
         return [piece]
     return [
         dataclasses.replace(
             piece,
             text=text,
-            chunk=dataclasses.replace(piece.chunk, texts=[text], index=j, logprobs=[] if j else piece.chunk.logprobs),
+            delta=dataclasses.replace(piece.delta, texts=[text], index=j, logprobs=[] if j else piece.delta.logprobs),
         )
         for j, text in enumerate(texts)
     ]
@@ -340,9 +341,9 @@ class ChatRender(Render):
         if calls:
             delta["tool_calls"] = calls
         finish = self.finish_reason(piece.finish_reason, parser) if piece.finish_reason else None
-        if not delta and not finish and not piece.chunk.logprobs:
+        if not delta and not finish and not piece.delta.logprobs:
             return []
-        out = {"index": index, "delta": delta, "logprobs": self.logprobs(piece.chunk.logprobs), "finish_reason": finish}
+        out = {"index": index, "delta": delta, "logprobs": self.logprobs(piece.delta.logprobs), "finish_reason": finish}
         extra: dict[str, Any] = {}
         if finish and self.full_text:
             extra["full_text"] = choice.text
@@ -420,10 +421,10 @@ class CompletionRender(Render):
         return ("", []) if self.prompt_only else (text, tokens)
 
     def events(self, index: int, piece: Piece, choice: Choice) -> list[dict]:
-        text, tokens = self.generated(piece.text, piece.chunk.logprobs)
+        text, tokens = self.generated(piece.text, piece.delta.logprobs)
         if self.body.echo and index not in self.echoed:
             self.echoed.add(index)
-            text, tokens = self.echo_of(index, piece.chunk.prompt_text) + text, piece.chunk.prompt_logprobs + tokens
+            text, tokens = self.echo_of(index, piece.delta.prompt_text) + text, piece.delta.prompt_logprobs + tokens
         if piece.finish_reason and self.body.suffix:
             text += self.body.suffix
         if self.full_text:

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tritonllm.shim.errors import APIError, json_body
 from tritonllm.shim.openai_protocol import MAX_TEXT_CHARS
-from tritonllm.shim.row_chunks import in_chunks
+from tritonllm.shim.row_batches import in_batches
 from tritonllm.shim.settings import ShimSettings
 
 MAX_PAIRS = 1024
@@ -70,7 +70,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
             raise APIError(413, f"the texts are over {MAX_TEXT_CHARS} characters", field)
         client = request.app.state.triton
         score = lambda start, end: client.score(queries[start:end], documents[start:end])  # noqa: E731
-        parts = await in_chunks(request, len(queries), score, "document", field)
+        parts = await in_batches(request, len(queries), score, "document", field)
         return np.concatenate([s for s, _ in parts]), int(sum(int(n.sum()) for _, n in parts))
 
     async def rerank(

@@ -26,7 +26,7 @@ from tritonllm.shim.generation import Piece, generate, primed, until_disconnecte
 from tritonllm.shim.openai_protocol import INT32_MAX, ChatRequest
 from tritonllm.shim.openai_serving import chat_generation
 from tritonllm.shim.settings import ShimSettings
-from tritonllm.shim.triton_client import TokenLogprob
+from tritonllm.shim.triton_responses import TokenLogprob
 from tritonllm.shim.vllm_fields import VLLMFields
 from tritonllm.tokenizer import reasoning
 from tritonllm.tokenizer.reasoning import ThinkingSplit
@@ -301,9 +301,9 @@ class ResponseBuilder:
         events: list[dict] = []
         thought, text, calls = "", piece.text, []
         if self.thinking is not None:
-            chunk = piece.chunk
+            delta = piece.delta
             final = bool(piece.finish_reason)
-            thought, text = self.thinking.feed(piece.text, chunk.token_texts, chunk.num_tokens, final)
+            thought, text = self.thinking.feed(piece.text, delta.token_texts, delta.num_tokens, final)
         if thought:
             events += self._reasoning(thought)
         if self.parser is not None:
@@ -312,19 +312,19 @@ class ResponseBuilder:
                 rest, more = self.parser.finish(cut_off=piece.finish_reason == "length")
                 text, calls = text + rest, calls + more
         if text:
-            events += self._text(text, piece.chunk.logprobs if self.logprobs else [])
+            events += self._text(text, piece.delta.logprobs if self.logprobs else [])
         for delta in calls:
             events += self._call(delta)
         if piece.finish_reason:
             self.status = "incomplete" if piece.finish_reason == "length" else "completed"
             events += self._close()
-            chunk = piece.chunk
+            delta = piece.delta
             self.usage = {
-                "input_tokens": chunk.num_input_tokens,
+                "input_tokens": delta.num_input_tokens,
                 "input_tokens_details": {"cached_tokens": 0},
-                "output_tokens": chunk.num_output_tokens,
+                "output_tokens": delta.num_output_tokens,
                 "output_tokens_details": {"reasoning_tokens": self.thinking.reasoning_tokens if self.thinking else 0},
-                "total_tokens": chunk.num_input_tokens + chunk.num_output_tokens,
+                "total_tokens": delta.num_input_tokens + delta.num_output_tokens,
             }
         return events
 

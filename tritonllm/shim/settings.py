@@ -13,7 +13,7 @@ from tritonllm.shim.lora_registry import LoraRegistry
 from tritonllm.wire.triton_names import TritonNames
 
 if TYPE_CHECKING:
-    from tritonllm.shim.triton_client import GenerationRequest
+    from tritonllm.shim.triton_requests import GenerationRequest
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from tritonllm.common.request_parameters import INT32_MAX, LOWEST_PRIORITY
 from tritonllm.shim.errors import APIError
-from tritonllm.shim.triton_client import TokenLogprob
+from tritonllm.shim.triton_responses import TokenLogprob
 
 
 class StructuredOutputs(BaseModel):

@@ -1,5 +1,5 @@
-"""Rows for a batched Triton model (the embedder, the reranker), sent in chunks of its max_batch_size all at
-once: Triton's dynamic batcher joins what arrives together. The model's errors name a row of their chunk; the
+"""Rows for a batched Triton model (the embedder, the reranker), sent in batches of its max_batch_size all at
+once: Triton's dynamic batcher joins what arrives together. The model's errors name a row of their batch; the
 answer names it by its place in the request's field."""
 
 from __future__ import annotations
@@ -12,20 +12,20 @@ from fastapi import Request
 
 from tritonllm.shim.errors import APIError
 from tritonllm.shim.generation import until_disconnected
-from tritonllm.shim.triton_client import TritonRequestError, TritonUnavailable
+from tritonllm.shim.triton_errors import TritonRequestError, TritonUnavailable
 
-CHUNK_ROWS = 64  # the embedding and reranker models' max_batch_size
+BATCH_ROWS = 64  # the embedding and reranker models' max_batch_size
 
 
-async def in_chunks(
+async def in_batches(
     request: Request, rows: int, call: Callable[[int, int], Awaitable], tensor: str, field: str
 ) -> list:
-    """`call(start, end)` for each chunk of `rows`, at once; their results in order. An error naming `tensor`[i]
-    of a chunk names `field`[start + i]; Triton out of reach is a 503."""
+    """`call(start, end)` for each batch of `rows`, at once; their results in order. An error naming `tensor`[i]
+    of a batch names `field`[start + i]; Triton out of reach is a 503."""
 
-    async def chunk(start: int):
+    async def batch(start: int):
         try:
-            return await call(start, start + CHUNK_ROWS)
+            return await call(start, start + BATCH_ROWS)
         except TritonRequestError as e:
             error = APIError.refused(e)
             named = lambda m: f"{field}[{start + int(m[1])}]"  # noqa: E731
@@ -36,4 +36,4 @@ async def in_chunks(
         except TritonUnavailable as e:
             raise APIError(503, str(e)) from e
 
-    return await until_disconnected(request, asyncio.gather(*(chunk(s) for s in range(0, rows, CHUNK_ROWS))))
+    return await until_disconnected(request, asyncio.gather(*(batch(s) for s in range(0, rows, BATCH_ROWS))))
