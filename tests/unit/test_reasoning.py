@@ -94,7 +94,7 @@ def test_a_request_that_turns_thinking_off_starts_outside_the_block():
 def test_the_servers_budget_applies_where_the_chat_gives_none_and_the_model_thinks():
     from tritonllm.shim.errors import APIError
     from tritonllm.shim.openai_protocol import ChatRequest
-    from tritonllm.shim.openai_serving import thinking_budget
+    from tritonllm.shim.serving_chat import thinking_budget
     from tritonllm.shim.settings import ShimSettings
 
     def chat(**fields) -> ChatRequest:

@@ -15,15 +15,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from tritonllm.shim.errors import APIError, json_body
 from tritonllm.shim.generation import primed, until_disconnected
 from tritonllm.shim.openai_protocol import ChatRequest, CompletionRequest, SamplingFields
-from tritonllm.shim.openai_serving import (
-    ChatRender,
-    Choice,
-    CompletionRender,
-    Render,
-    chat_generation,
-    check_size,
-    generated_pieces,
-)
+from tritonllm.shim.serving_base import Choice, Render, check_size, generated_pieces
+from tritonllm.shim.serving_chat import ChatRender, chat_generation
+from tritonllm.shim.serving_completion import CompletionRender
 from tritonllm.shim.settings import Served, ShimSettings
 from tritonllm.shim.triton_requests import GenerationRequest
 

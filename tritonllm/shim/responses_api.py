@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tritonllm.shim.errors import APIError, json_body
 from tritonllm.shim.generation import Piece, generate, primed, until_disconnected
 from tritonllm.shim.openai_protocol import INT32_MAX, ChatRequest
-from tritonllm.shim.openai_serving import chat_generation
+from tritonllm.shim.serving_chat import chat_generation
 from tritonllm.shim.settings import ShimSettings
 from tritonllm.shim.triton_responses import TokenLogprob
 from tritonllm.shim.vllm_fields import VLLMFields

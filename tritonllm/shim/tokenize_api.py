@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tritonllm.shim.errors import APIError, json_body
 from tritonllm.shim.openai_protocol import INT32_MAX, ChatMessage, ToolObject
-from tritonllm.shim.openai_serving import check_size
+from tritonllm.shim.serving_base import check_size
 from tritonllm.shim.settings import ShimSettings
 from tritonllm.shim.triton_errors import TritonRequestError, TritonUnavailable
 from tritonllm.shim.triton_requests import TokenizeRequest
