@@ -10,7 +10,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from tritonllm.launcher import cli
+from tritonllm.launcher import cli, serve_command
 from tritonllm.wire.api_key import API_KEY_HEADER, GRPC_API_KEY_HEADER
 
 from .conftest import running_serve
@@ -59,4 +59,4 @@ def test_the_api_key_guards_every_port(tiny_model_dir, tmp_path):
 )
 def test_tritons_ports_stay_on_loopback_unless_asked(flags, triton_host):
     args = cli.build_parser().parse_args(["serve", *flags])
-    assert cli.triton_host_of(args) == triton_host
+    assert serve_command.triton_host_of(args) == triton_host

@@ -11,7 +11,7 @@ from conftest import REPOSITORY
 
 from tritonllm.engine.config import AUTO_KV_SHARE, OVERRIDES_ENV, EngineConfig, available_memory, environment_overrides
 from tritonllm.engine.engine import LLMEngine
-from tritonllm.launcher import cli
+from tritonllm.launcher import cli, options
 
 
 def pbtxt_parameters() -> dict[str, str]:
@@ -30,7 +30,7 @@ def test_config_pbtxt_names_every_setting_with_its_declared_default():
 def test_serve_has_a_flag_for_every_setting_and_hands_them_over_checked(monkeypatch):
     parser_args = ["serve", "--max-num-seqs", "8", "--no-enable-prefix-caching", "--kv-cache-memory", "64MiB"]
     args = build_serve_args(parser_args)
-    overrides = cli.engine_overrides(args)
+    overrides = options.engine_overrides(args)
     assert overrides == {"max_num_seqs": "8", "enable_prefix_caching": "false", "kv_cache_memory": "64MiB"}
     monkeypatch.setenv(OVERRIDES_ENV, json.dumps(overrides))
     config = EngineConfig.from_parameters("m", {**pbtxt_parameters(), **environment_overrides()})  # flags win
@@ -38,7 +38,7 @@ def test_serve_has_a_flag_for_every_setting_and_hands_them_over_checked(monkeypa
     for setting in EngineConfig.settings():
         assert f"--{setting.name.replace('_', '-')}" in serve_help()
     with pytest.raises(ValueError, match="max_num_seqs"):
-        cli.engine_overrides(build_serve_args(["serve", "--max-num-seqs", "0"]))
+        options.engine_overrides(build_serve_args(["serve", "--max-num-seqs", "0"]))
 
 
 @pytest.mark.parametrize(

@@ -98,15 +98,15 @@ def snapshot(tiny_model_dir) -> str:
 
 
 def test_the_shim_names_the_models_as_serve_does(tmp_path, tiny_model_dir):
-    from tritonllm.launcher import cli
+    from tritonllm.launcher import cli, models_given, shim_command
     from tritonllm.wire.triton_names import REPOSITORY_NAMES
 
     (tmp_path / "tiny2").symlink_to(tiny_model_dir)
     given = ["--model-dir", str(tiny_model_dir), "--models-folder", str(tmp_path), "--models-max", "1"]
-    served = cli.shim_models(cli.build_parser().parse_args(["shim", *given]))
-    llms = cli.llms_of(cli.build_parser().parse_args(["serve", *given]))
+    served = shim_command.shim_models(cli.build_parser().parse_args(["shim", *given]))
+    llms = models_given.llms_of(cli.build_parser().parse_args(["serve", *given]))
     assert [(m.name, m.triton) for m in served] == [(llm.name, llm.triton) for llm in llms]
     assert [(m.name, m.triton) for m in served] == [("tiny", REPOSITORY_NAMES), ("tiny2", TritonNames.named("tiny2"))]
     assert {(m.tool_call_parser, m.reasoning_parser) for m in served} == {("hermes", "none")}  # from the folders
-    alone = cli.shim_models(cli.build_parser().parse_args(["shim", "--tool-call-parser", "mistral"]))
+    alone = shim_command.shim_models(cli.build_parser().parse_args(["shim", "--tool-call-parser", "mistral"]))
     assert [(m.name, m.tool_call_parser) for m in alone] == [("SmolLM2-135M-Instruct", "mistral")]

@@ -31,7 +31,7 @@ class Piece:
 
     @property
     def index(self) -> int:
-        return self.chunk.index
+        return self.delta.index
 
 
 async def generate(
