@@ -187,11 +187,13 @@ def write_report(results: dict[str, Costs], args: argparse.Namespace, tokens: in
             + " | ".join(cells)
             + (f" | {outside:.2f} |" if outside is not None else " | - |")
         )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "serving_cost" + ("_ab" if args.baseline or args.variant_env else "")
+    ab = bool(args.baseline or args.variant_env)  # an A/B goes with the others, apart from the latest costs
+    folder = RESULTS / "ab" if ab else RESULTS
+    folder.mkdir(parents=True, exist_ok=True)
+    name = "serving_cost" + ("_ab" if ab else "")
     if (args.workload, args.weights) != ("W1", "fp32"):
         name += f"-{args.workload}-{args.weights}"
-    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    (folder / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -1,11 +1,10 @@
 """Which of a streamed sequence's tokens its next response carries: every `interval` new tokens, the first and
 the last at once.
 
-Each streamed response costs the server CPU of its own on every hop (llm, ensemble, postprocessing, gRPC):
-~1.5 ms here, which on a CPU host the forward pass loses. An interval of 2 sends half as many while the sender
-keeps up; once it falls behind, its merging of queued responses already does so (W1 through the ensemble, small
-demo model: 421 against 411 tok/s in the recorded bench; 412 against 339 before the engine's OpenMP workers
-spun, when the sender kept up). Time to first token does not change. Same knob as vLLM's and SGLang's
+Each streamed response costs the server CPU of its own on every hop (llm, ensemble, postprocessing, gRPC),
+which on a CPU host the forward pass loses. An interval of 2 sends half as many while the sender keeps up; once
+it falls behind, its merging of queued responses already does so (bench/results/W1.md, case e2). Time to first
+token does not change. Same knob as vLLM's and SGLang's
 `--stream-interval`; the default, 1, sends every token as it comes.
 """
 

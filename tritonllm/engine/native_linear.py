@@ -3,15 +3,13 @@ decode-sized inputs by kernels/dense_linear.cpp, prompt chunks by kernels/panel_
 
 A decode step multiplies a few dozen rows by every weight matrix, so it streams all the weights from memory
 each step and its speed is the speed at which it reads them. MKL's GEMV and small GEMMs dispatch by CPU
-vendor: on a 2-core AMD EPYC (AVX2) they read SmolLM2's weights at 9 GB/s for one row, where the native kernel
-reads them at 19 GB/s (25 GB/s is that machine's limit), and the whole decode step's matmuls for one sequence
-take 28.5 ms against 59.4 (bench/results/native_linear.md). From 3 to 32 rows it is as fast as oneDNN with
-weights prepacked into its blocked layout, without the second copy of the weights that prepacking keeps.
+vendor, and on AMD's CPUs read the weights at half the native kernel's speed (bench/results/native_linear.md).
+From 3 to 32 rows the native kernel is as fast as oneDNN with weights prepacked into its blocked layout, without
+the second copy of the weights that prepacking keeps.
 
 Past NATIVE_ROWS rows (prefill chunks) the work is bound by arithmetic, not memory, and a GEMM built for that
-takes over: on SmolLM2's shapes (2-core AMD EPYC Zen 4, the 30 layers' matrices one after another) it reaches
-171-209 GFLOPS from 96 to 2048 rows where MKL's SGEMM reaches 107-188, and a 32-prompt burst's 2048-token step
-took 2.31 s against 2.55. The layer stays an nn.Linear with its own weight: LoRA, tensor parallel and the GGUF
+takes over, faster than MKL's SGEMM on these shapes (bench/results/log.md, "Prompts through a GEMM of our own").
+The layer stays an nn.Linear with its own weight: LoRA, tensor parallel and the GGUF
 swap see the same module. Results differ from stock only in summation order.
 """
 

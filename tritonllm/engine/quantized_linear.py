@@ -26,7 +26,7 @@ from tritonllm.engine import cpu_kernels
 from tritonllm.formats.gguf_blocks import BLOCK, BlockQuantized
 
 # From this many rows up, past the rows of a decode step, the prompt GEMM over panels beats the block kernel on
-# every CPU measured (AVX-512 and AVX2 builds; bench/results/native_linear.md); below it the block kernel runs.
+# every CPU measured (AVX-512 and AVX2 builds; bench/results/log.md); below it the block kernel runs.
 GEMM_ROWS = 65
 _NO_BIAS = torch.empty(0)
 

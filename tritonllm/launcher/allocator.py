@@ -2,12 +2,10 @@
 (Debian's and Ubuntu's `libtcmalloc-minimal4`, which `make install` and deploy/Dockerfile install), as vLLM's and
 SGLang's CPU builds preload it.
 
-Profiled first (perf on tritonserver over W1 streamed through the ensemble): glibc's malloc and free took a
-quarter of tritonserver's CPU, every streamed response allocating and freeing its tensors and messages; and the
-llm's steps allocate and free megabytes of activations and logits, which glibc hands back to the system and
-takes again page fault by page fault. Served A/B, tcmalloc against glibc (bench/results/README.md): CPU a token
-outside the llm 0.74 -> 0.54 ms through the ensemble, the llm stub's 5.95 -> 5.11. jemalloc cut the first as
-much but slowed the llm's prompt steps (more page faults there), so it is not the default.
+Every streamed response allocates and frees its tensors and messages in tritonserver, and the llm's steps
+allocate and free megabytes of activations and logits, which glibc hands back to the system and takes again page
+fault by page fault; tcmalloc keeps them (bench/results/log.md, "tcmalloc under tritonserver and the stubs").
+jemalloc slows the llm's prompt steps (more page faults there), so it is not the default.
 
 `TRITONLLM_ALLOCATOR`: unset or `tcmalloc` for this, `system` for glibc's malloc, or the path of a library to
 preload instead (jemalloc's, say). An LD_PRELOAD already in the environment is kept, the allocator put in front.

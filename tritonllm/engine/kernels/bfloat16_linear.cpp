@@ -10,8 +10,7 @@
 //   bfloat16_pairs.h): panels of kPairPanel rows, each value pair (2i, 2i + 1) of the panel's rows side by side,
 //   so that a tile multiplies a broadcast input pair by 16 rows' pairs a vector and sums outer products into
 //   kPairTileRows x kPairPanel sums, with no horizontal sums (reading the rows as they lie, a tile of 6 inputs by
-//   4 rows spent a third of its time summing across lanes at SmolLM2's K of 576: 32 rows of its 49152 x 576 layer
-//   6.98 -> 4.83 ms, 8 rows 2.66 -> 1.75, on AMD EPYC Zen 4). Where AMX's tiles serve, they read the same packed
+//   4 rows spends a third of its time summing across lanes at SmolLM2's K of 576). Where AMX's tiles serve, they read the same packed
 //   copy (bfloat16_tiles.cpp).
 // The screen bounds both roundings, the weight's and the input's, and float32 sums of K products in any order.
 #include <torch/extension.h>

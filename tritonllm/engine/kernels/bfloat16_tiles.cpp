@@ -1,8 +1,7 @@
 // The greedy screen's bfloat16 products (bfloat16_linear.cpp) through AMX (Intel since Sapphire Rapids): one
 // tdpbf16ps multiplies a 16 x 32 tile of input rows by 32 x 16 of weight rows into 16 x 16 float32 sums, 16 times
-// vdpbf16ps's work, so the layer reads its copy at the memory's speed where vdpbf16ps computed (an Intel Xeon with
-// one vdpbf16ps a cycle a core: SmolLM2's 49152 x 576 layer at 32 rows 15.9-18.2 ms, at 8 rows 5.5-5.9; its
-// float32 layer took 13.4 at 32 rows). Each product of two bfloat16 values is exact in float32 and the sums are
+// vdpbf16ps's work, so the layer reads its copy at the memory's speed where vdpbf16ps, one a cycle a core on an
+// Intel Xeon, is bound by arithmetic (bench/results/log.md, "The greedy screen through AMX's tiles"). Each product of two bfloat16 values is exact in float32 and the sums are
 // float32 with what is below the smallest normal flushed to zero, as vdpbf16ps does, in an order of the hardware's:
 // the screen's bound holds for any order. A row's sums do not depend on the other rows of the tile.
 //

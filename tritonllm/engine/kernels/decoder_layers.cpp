@@ -199,9 +199,8 @@ void project_columns(const std::vector<UnitWeight>& parts, const float* x, const
 // more rows share them, so that a unit stays a few tens of microseconds), and at least 4 a thread, so that the
 // threads finish a phase close together; within one projection each, at most phase_board::kMaxUnits. `upto`: only
 // the columns before it (a gate's, whose up columns a unit computes beside). A unit costs its bookkeeping (the
-// board's states, two clock reads) whatever its size: 256 KB made a 32-row step's units 8 columns, ~3 us each;
-// 1 MB makes them 56 (decode step medians of in-process W1, alternating in one process on an Intel Xeon, 80.4 ->
-// 72.6 ms over six runs each, on a VM whose speed moved as much between runs).
+// board's states, two clock reads) whatever its size, so a unit must be large against that: at 256 KB a 32-row
+// step's units were 8 columns, ~3 us each; at 1 MB they are 56.
 std::vector<std::pair<int64_t, int64_t>> column_units(const std::vector<UnitWeight>& parts, int64_t rows,
                                                       int64_t threads, int64_t upto = INT64_MAX) {
   constexpr int64_t kUnitBytes = 1 << 20;
@@ -233,8 +232,8 @@ struct DecoderLayers {
   int64_t heads, kv_heads, dim;
   double eps, scale;
   GemmRows gemm;
-  // Steps the phased forward serves (phased_serves) go through it; false: the
-  // parallel region per operation as for every other step (an A/B switch).
+  // Steps the phased forward serves (phased_serves) go through it; false: the parallel region per operation
+  // as for every other step (for comparing the two).
   bool phased = true;
   // Fault injection for tests (phase_board::Seat::hold_every): a thread holds every hold_every-th unit of a phase
   // until another thread has computed it. 0: never.

@@ -18,11 +18,9 @@
 #include "linear_checks.h"
 #include "weight_rows.h"
 
-// These tiles are tuned for GCC's generic x86-64 target, whatever -march=native picks: with GCC 12's znver3
-// tuning (a 2-core AMD EPYC, Zen 3) the multi-row tiles ran 1.15-1.30x slower (32 rows of SmolLM2's shapes, float32
-// and the Q4_1 widen path alike), and 32 decoding sequences' step took 105 ms against 92.5 (float32) and 116.5
-// against 81.2 (Q4_1), alternating builds; one row's tiles were the same either way. The instruction sets stay
-// -march=native's (AVX-512 where the machine has it).
+// These tiles are tuned for GCC's generic x86-64 target, whatever -march=native picks: GCC 12's znver3 tuning
+// schedules the multi-row tiles worse on Zen 3 (bench/results/log.md). The instruction sets stay -march=native's
+// (AVX-512 where the machine has it).
 #pragma GCC push_options
 #pragma GCC target("tune=generic")
 #include "float_vec.h"  // here, so that its helpers take this tuning and inline into the tiles
@@ -105,11 +103,9 @@ template <int COLS>
 inline void rows_times(const float* x, int64_t rows, const float* w, int64_t k, float* out, int64_t n_total) {
   constexpr int kRows = COLS == 4 ? kTileRows : 8;
   // The next COLS weight rows, into L2 a share during each tile: with many input rows per weight row the
-  // hardware's prefetcher fell behind, and each group's first loads waited on DRAM (SmolLM2's matrices at 32 rows:
-  // weights read at 8 GB/s where the machine reads 25, compute and memory time adding up instead of overlapping).
-  // Spread over the tile's loop, not asked all at once before it: a burst fills the core's line fill buffers and
-  // stalls it until they drain (in-process W1 on an Intel Xeon: 7% of all samples on the instructions after the
-  // burst's prefetcht1; decode steps 0.967x and 0.978x as long spread out, alternating step by step).
+  // hardware's prefetcher falls behind, and each group's first loads would wait on DRAM, compute and memory time
+  // adding up instead of overlapping. Spread over the tile's loop, not asked all at once before it: a burst fills
+  // the core's line fill buffers and stalls it until they drain (bench/results/log.md).
   // Past the chunk's end they are the next chunk's rows, or beyond the weight: a prefetch never faults.
   const char* next = reinterpret_cast<const char*>(w + COLS * k);
   const int64_t lines = COLS * k * 4 / 64, tiles = (rows + kRows - 1) / kRows;
@@ -136,9 +132,8 @@ void dense_rows_times_weight_rows(const float* x, int64_t rows, const float* w, 
 
 // out[m * out_stride + j] = x[m] . w[j] for m < rows, j < n (w [n, k]): a chunk of dense_linear, or one unit of
 // decoder_layers.cpp's phases. One row reads 8 weight rows at once, from 8 parts of the n, so that 8 streams come
-// from DRAM side by side (weight_rows::for_each_row_group); float32 gains less from it than the blocks (SmolLM2, one
-// sequence, Intel Xeon: 0-7% a step against 8 neighbouring rows, in alternating runs), 8 neighbouring float32 rows
-// already spanning 18 KB. More rows: 4 weight rows a tile, each reused by every input row of the tile.
+// from DRAM side by side (weight_rows::for_each_row_group); float32 gains less from it than the blocks, 8
+// neighbouring float32 rows already spanning 18 KB. More rows: 4 weight rows a tile, each reused by every input row of the tile.
 void dense_unit(const float* x, int64_t rows, const float* w, int64_t n, int64_t k, float* out, int64_t out_stride) {
   if (rows > 1) return dense_rows_times_weight_rows(x, rows, w, n, k, out, out_stride);
   weight_rows::row_groups<8>(0, n, [&](auto cols, const int64_t* ns) { row_times_rows<cols()>(x, w, k, ns, out); });

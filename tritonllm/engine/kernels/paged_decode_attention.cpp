@@ -250,8 +250,7 @@ void attend_heads(const DecodeAttention& a, int64_t b, int64_t h, int64_t count,
   };
   // The group's keys and values (up to kPrefetchLines cache lines of them) asked of memory all at once, before the
   // first is needed: a step's cache comes from DRAM (each layer's weights evict the last one's from L3), one run
-  // of a block table's scattered blocks at a time, and read so the cores waited on each block in turn (32
-  // sequences of 128 positions, SmolLM2's 30 layers: 13.7 -> 10.4 ms, 13 -> 18 GB/s, on AMD EPYC Zen 4).
+  // of a block table's scattered blocks at a time, and read one by one the cores would wait on each in turn.
   int64_t lines = kPrefetchLines;
   for_each_run([&](int64_t position, int64_t, int64_t run) {
     for (int64_t p = position; p < position + run && lines > 0; ++p)
@@ -316,9 +315,8 @@ DecodeAttention::DecodeAttention(const float* q, int64_t batch, int64_t q_heads,
 
 int64_t DecodeAttention::heads_per_item(int64_t threads) const {
   // An item is the query heads that share a KV head, so that one core reads those keys and values from memory and
-  // the group's other heads find them in its cache (split over cores, each core's cache fetched them again: 27.5
-  // -> 21.7 ms for SmolLM2's 30 layers at 32 sequences of 192 tokens); with too few groups to keep every thread
-  // busy (one sequence alone) an item is one query head.
+  // the group's other heads find them in its cache (split over cores, each core's cache would fetch them again);
+  // with too few groups to keep every thread busy (one sequence alone) an item is one query head.
   return batch * kv_heads >= 4 * threads ? q_heads / kv_heads : 1;
 }
 

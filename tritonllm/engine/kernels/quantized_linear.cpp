@@ -54,10 +54,8 @@ constexpr bool kTakesInputSums = false;  // the mins go into each widened block
 // A block is two vectors of 16 floats: scale * q + min in one fused step (min is 0 for 8 bits). 4 bits take
 // their values from a table of the 16 a block can hold, scale * i + min for i = 0..15 (the same fused step, so the
 // same bits), looked up by each nibble (vpermps reads an index's low 4 bits): one fused step a block instead of
-// one a value, and no integers converted to floats. One sequence's Q4_1 decode waits on this arithmetic, not on
-// memory (SmolLM2's layers read at 16 GB/s where the machine reads 34). AMD EPYC Zen 4, SmolLM2's 120 Q4_1
-// matrices for one row, a copy of the one-row loop, variants alternating in one process: 5.07 -> 4.55 ms with 8
-// rows side by side; the kernel before and after this and the two changes below: 5.46 -> 4.16 ms.
+// one a value, and no integers converted to floats: one sequence's Q4_1 decode waits on this arithmetic, not on
+// memory.
 inline void load_block(const uint8_t* row, int64_t bits, int64_t b, BlockScale scale, float min, __m512 w[2]) {
   if (bits == 8) {
     const __m512 low = _mm512_set1_ps(scale.low), high = _mm512_set1_ps(scale.high), zero = _mm512_setzero_ps();
@@ -109,8 +107,7 @@ void few_rows_times_weight_row(const float* x, int64_t x_stride, const float*, c
 
 // One input row against COLS weight rows ns[0..COLS) (weight_rows::for_each_row_group's), each output summed exactly
 // as rows_times_weight_row<1> sums it. 4-bit rows 4 at a time: their blocks come with 3 streams each (values,
-// scales, mins), and 8 rows' 24 streams were slower (Zen 4, the copy of the loop with the table: 4.55 ms with 8,
-// 3.88 with 4, the same with 2 or 3, 4.25 with 6).
+// scales, mins), and more than 12 streams at once outrun what the prefetchers follow.
 constexpr int kStreams = 8;
 constexpr int kStreams4Bit = 4;
 template <int BITS, int COLS>
@@ -313,10 +310,8 @@ void few_rows_times_weight_row(const float* x, int64_t x_stride, const float*, c
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #define ROW_STREAMS  // one input row reads kStreams weight rows at once (row_times_weight_rows)
 // From this many input rows up, a chunk of weight rows is widened to float32 once and multiplied by every input
-// row in the float32 tiles (dense_linear.cpp), which do more per cycle than widening block by block per 8 rows.
-// On AVX-512 (Intel Xeon, 2 cores, alternating builds) a decode step of 32 sequences took 71.5-74.5 ms against
-// 97.5-102 on SmolLM2's Q4_1 file and 224-226 against 300-315 on Qwen2.5-Coder-0.5B's Q5_0/Q4_K one; at 16 rows
-// the two paths tie, at 8 the block path is faster (24.5 against 28.8 ms).
+// row in the float32 tiles (dense_linear.cpp), which do more per cycle than widening block by block per 8 rows;
+// the two paths tie at about 16 rows on AVX-512 (bench/results/log.md).
 #define WIDEN_CHUNKS
 constexpr int64_t kWidenRows = 20;
 #endif

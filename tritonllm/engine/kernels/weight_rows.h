@@ -72,11 +72,9 @@ inline BlockScale block_scale(const float* scales, int64_t per_block, int64_t b)
 // a shared counter, so one that the OS preempts does not hold up the rest. The chunks start large, what is left
 // over the threads, and shrink to `smallest` rows (OpenMP's guided schedule): each thread reads long runs of
 // consecutive rows, which the memory prefetchers follow, and the last chunks are small enough to even out the
-// threads' finish. (Fixed chunks of 16 Q4_1 rows of 576 values streamed 8.7 GB/s on a 2-core AMD EPYC, guided
-// ones 15.2 GB/s, of the 25 GB/s that machine reads. Starting at half that share, what is left over twice the
-// threads, made a one-sequence Q4_1 step of SmolLM2 5-6% slower on AMD EPYC Zen 4: 7.78 against 7.32 ms and 8.08
-// against 7.67, the two alternating in one process; built for AVX2 only, 8.31 against 7.54; float32 within 2%, and
-// 32 sequences alike.) `largest` bounds a chunk for callers that buffer one.
+// threads' finish; the first chunk is the whole share, what is left over the threads, as smaller first chunks
+// cost more in scheduling than they gained in balance (bench/results/log.md). `largest` bounds a chunk for
+// callers that buffer one.
 template <typename F>
 void guided_chunks(int64_t count, int64_t smallest, int64_t largest, const F& f) {
   const int64_t threads = at::get_num_threads();
@@ -127,8 +125,7 @@ void row_groups(int64_t first, int64_t last, const F& f) {
 // std::integral_constant, for the kernel's template argument) and COLS row indices ns, one from each of COLS equal
 // parts of a chunk, and with cols = 1 and one index for the rows left over. A kernel that reads the COLS rows side
 // by side reads COLS streams from memory at once: a decode step's weights come from DRAM, and one stream of
-// consecutive rows (a row at a time, or a few neighbours) left a 2-core Intel Xeon's cores waiting on it:
-// SmolLM2's Q8_0 output layer took 2.2-2.5 ms so, 1.5 ms as 8 streams (0.9 ms from the cache, either way).
+// consecutive rows (a row at a time, or a few neighbours) leaves the cores waiting on it.
 template <int COLS, typename F>
 void for_each_row_group(int64_t count, int64_t smallest, const F& f) {
   guided_chunks(count, smallest, INT64_MAX, [&](int64_t first, int64_t last) { row_groups<COLS>(first, last, f); });
