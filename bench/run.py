@@ -255,7 +255,7 @@ class EnsembleStreams:
         return from_timestamps(case, starts, stamps, wall)
 
     async def _one(self, client, text: str, stream_interval: int, starts: list, stamps: list) -> None:
-        from tritonllm.shim.triton_client import _infer_input as infer_input
+        from tritonllm.shim.triton_requests import infer_input
         from tritonllm.wire.triton_names import REPOSITORY_NAMES
 
         inputs = [

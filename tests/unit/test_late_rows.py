@@ -1,4 +1,4 @@
-"""A multiplexed generation's Call (shim/triton_client.py): its rows may come after its own stream ended."""
+"""A multiplexed generation's Call (shim/triton_call.py): its rows may come after its own stream ended."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from tritonllm.shim import triton_client
+from tritonllm.shim import triton_call
 from tritonllm.shim.mux_channel import ChannelClosed
 from tritonllm.shim.triton_call import Call
 from tritonllm.shim.triton_errors import TritonUnavailable
@@ -48,7 +48,7 @@ async def test_a_stream_that_ends_without_rows_ends_the_iteration_unless_rows_ma
 
 @pytest.mark.asyncio
 async def test_rows_that_never_come_end_in_an_error(monkeypatch):
-    monkeypatch.setattr(triton_client, "LATE_ROWS_S", 0.1)
+    monkeypatch.setattr(triton_call, "LATE_ROWS_S", 0.1)
     call = _call(late_rows=True)
     with pytest.raises(TritonUnavailable, match="not all its responses came"):
         await anext(call)
