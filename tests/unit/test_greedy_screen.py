@@ -227,7 +227,7 @@ def test_the_engine_screens_greedy_steps_and_answers_as_without_the_screen(tiny_
     with_log_probs = SamplingParams(max_tokens=6, return_log_probs=True)
     got, plain = (generate(engines[on], prompts[:1], with_log_probs)[0] for on in (True, False))
     assert not screened
-    assert got.token_ids == plain.token_ids and got.logprobs == plain.logprobs
+    assert got.token_ids == plain.token_ids and got.recorded.logprobs == plain.recorded.logprobs
 
 
 def test_a_packed_copy_of_another_shape_is_refused_by_name(kernels):

@@ -159,15 +159,15 @@ def test_log_probs_and_logits_are_the_models_own(tiny_model_dir, hf_model):
     )
     assert seq.output_ids == ref.sequences[0, len(prompt) :].tolist()
     raw = torch.cat(ref.logits)  # [tokens, vocab], before processing
-    assert torch.allclose(torch.stack(seq.generation_logits), raw, atol=1e-4)
+    assert torch.allclose(torch.stack(seq.recorded.generation_logits), raw, atol=1e-4)
     logprobs = torch.log_softmax(raw, -1)
     expected = logprobs[torch.arange(8), torch.tensor(seq.output_ids)]
-    assert torch.allclose(torch.tensor(seq.logprobs), expected, atol=1e-4)
+    assert torch.allclose(torch.tensor(seq.recorded.logprobs), expected, atol=1e-4)
     top = torch.topk(logprobs, 3)
-    assert [ids for ids, _ in seq.top_logprobs] == top.indices.tolist()
+    assert [ids for ids, _ in seq.recorded.top_logprobs] == top.indices.tolist()
     with torch.no_grad():
         context = hf_model(torch.tensor([prompt])).logits[0]
-    assert torch.allclose(torch.stack(seq.context_logits), context, atol=1e-4)
+    assert torch.allclose(torch.stack(seq.recorded.context_logits), context, atol=1e-4)
 
 
 def test_prompt_log_probs_are_the_models_own_even_from_a_cached_prefix(tiny_model_dir, hf_model):
@@ -181,6 +181,6 @@ def test_prompt_log_probs_are_the_models_own_even_from_a_cached_prefix(tiny_mode
         logits = hf_model(torch.tensor([prompt])).logits[0]
     logprobs = torch.log_softmax(logits[:-1], -1)
     expected = logprobs[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
-    assert torch.allclose(torch.tensor(seq.prompt_logprobs), expected, atol=1e-4)
-    assert [ids for ids, _ in seq.prompt_top_logprobs] == torch.topk(logprobs, 2).indices.tolist()
-    assert torch.allclose(torch.stack(seq.context_logits), logits, atol=1e-4)  # every row, none from the cache
+    assert torch.allclose(torch.tensor(seq.recorded.prompt_logprobs), expected, atol=1e-4)
+    assert [ids for ids, _ in seq.recorded.prompt_top_logprobs] == torch.topk(logprobs, 2).indices.tolist()
+    assert torch.allclose(torch.stack(seq.recorded.context_logits), logits, atol=1e-4)  # every row, none from the cache

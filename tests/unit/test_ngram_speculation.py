@@ -15,7 +15,7 @@ from tritonllm.engine.engine import LLMEngine
 from tritonllm.engine.ngram_drafter import DORMANT_TOKENS, NgramDrafter, NgramIndex
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.scheduler import Scheduler
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.sequence import Sequence, Speculation
 
 from .test_engine import make_engine, random_prompts, reference, run
 
@@ -181,17 +181,17 @@ def test_requests_with_their_own_drafts_are_not_drafted_for(tiny_model_dir, hf_m
     prompt = repetitive_prompts()[2]
     free = reference(hf_model, prompt, 12)
     engine = make_engine(tiny_model_dir, speculative="ngram", prompt_lookup_min=1)
-    own = Sequence(prompt, SamplingParams(max_tokens=12), draft_tokens=free[:2])
+    own = Sequence(prompt, SamplingParams(max_tokens=12), speculation=Speculation(free[:2]))
     run(engine, [own])
     assert own.output_ids == free
-    assert own.accepted_drafts == 2  # what the request is told: its own drafts, not the engine's later ones
+    assert own.speculation.accepted_drafts == 2  # what the request is told: its own drafts, not the engine's later ones
     assert engine.stats.verifications == 1
 
 
 def test_a_sampled_sequence_waits_for_room_for_its_drafts_where_a_greedy_one_cuts_them():
     def decoding_with_drafts(params: SamplingParams) -> Sequence:
         seq = Sequence([1, 2, 3], params)
-        seq.num_computed, seq.draft_tokens = 2, [4, 5, 6]
+        seq.num_computed, seq.speculation.draft_tokens = 2, [4, 5, 6]
         return seq
 
     assert Scheduler._plan(decoding_with_drafts(SamplingParams()), 2, budget=3).drafts == [4, 5]
@@ -202,7 +202,7 @@ def test_a_sampled_sequence_waits_for_room_for_its_drafts_where_a_greedy_one_cut
 def test_a_prediction_is_drafted_from_while_the_output_follows_it_and_after_it_rejoins():
     drafter = NgramDrafter(num_tokens=4, min_n=2, max_n=3)
     prediction = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
-    seq = Sequence([1, 2, 3], SamplingParams(), prediction=prediction)
+    seq = Sequence([1, 2, 3], SamplingParams(), speculation=Speculation(prediction=prediction))
     seq.token_ids += [10]
     cheap = 0.1  # one more row's share of a step
     assert drafter.draft(seq, room=8, row_share=cheap) == [11, 12, 13, 14]  # a prediction is trusted from the start
@@ -220,18 +220,20 @@ def test_greedy_with_a_prediction_equals_generate_in_fewer_steps(tiny_model_dir,
     if edit:  # a token changed in the middle: drafts stop there, and pick up after it
         prediction[20] = (prediction[20] + 1) % 4096
     engine = make_engine(tiny_model_dir)  # speculative=none: a prediction is drafted from all the same
-    seq = Sequence(prompt, SamplingParams(max_tokens=40), prediction=prediction)
+    seq = Sequence(prompt, SamplingParams(max_tokens=40), speculation=Speculation(prediction=prediction))
     steps = run(engine, [seq])
     assert seq.output_ids == expected
-    assert seq.accepted_prediction_tokens >= (22 if edit else 28), seq.accepted_prediction_tokens
-    assert seq.rejected_prediction_tokens == 40 - seq.accepted_prediction_tokens
+    assert seq.speculation.accepted_prediction_tokens >= (22 if edit else 28), (
+        seq.speculation.accepted_prediction_tokens
+    )
+    assert seq.rejected_prediction_tokens == 40 - seq.speculation.accepted_prediction_tokens
     assert steps <= 20, steps
     assert engine.blocks.num_free == engine.blocks.num_blocks
 
 
 def test_a_wrong_prediction_changes_nothing_but_the_counts(tiny_model_dir, hf_model):
     prompt = random_prompts(1, seed=73)[0]
-    seq = Sequence(prompt, SamplingParams(max_tokens=24), prediction=list(range(100, 140)))
+    seq = Sequence(prompt, SamplingParams(max_tokens=24), speculation=Speculation(prediction=list(range(100, 140))))
     run(make_engine(tiny_model_dir), [seq])
     assert seq.output_ids == reference(hf_model, prompt, 24)
-    assert seq.accepted_prediction_tokens == 0 and seq.rejected_prediction_tokens == 40
+    assert seq.speculation.accepted_prediction_tokens == 0 and seq.rejected_prediction_tokens == 40

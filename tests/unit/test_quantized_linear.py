@@ -207,7 +207,7 @@ def test_int8_activations_serve_the_q4_1_model_close_to_exact(smollm2_q4_1):
         engine.add(seq)
         while engine.has_work():
             engine.step()
-        logits[int8] = torch.stack(seq.generation_logits)
+        logits[int8] = torch.stack(seq.recorded.generation_logits)
     gap = (logits[True] - logits[False]).norm(dim=-1) / logits[False].norm(dim=-1)
     assert (gap > 0).all() and (gap < 0.1).all(), gap
 

@@ -53,7 +53,7 @@ def test_a_step_with_decodes_takes_no_more_prefill_than_allowed(tiny_model_dir, 
     engine.step_cost = engine.scheduler.step_cost = StepCost(_line=(1.0, 1.0), min_prefill=1)
     engine.scheduler.step_cost.slowdown = 1.0 + allowance / (1.0 + len(decoding))
     long = Sequence(list(range(10, 110)), SamplingParams(max_tokens=4))
-    long.arrival_time += engine.scheduler.burst_seconds  # it comes after the streams began, not with them
+    long.timing.arrival_time += engine.scheduler.burst_seconds  # it comes after the streams began, not with them
     engine.add(long)
     while long.num_computed < len(long.prompt_ids):
         before = long.num_computed
@@ -84,7 +84,7 @@ def test_a_burst_goes_in_at_the_full_budget_and_a_prompt_that_comes_later_is_cap
         assert prompt_progress(burst) - before > 4, "a burst's prompt held to the cap"
     assert steps_with_decodes >= 2  # its first streams decoded while the rest went in
     late = Sequence(list(range(100, 140)), SamplingParams(max_tokens=4))
-    late.arrival_time += engine.scheduler.burst_seconds
+    late.timing.arrival_time += engine.scheduler.burst_seconds
     engine.add(late)
     engine.step()
     assert all(s.num_output_tokens > 1 for s in burst)

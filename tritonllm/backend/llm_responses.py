@@ -206,8 +206,8 @@ class Responder:
         if seq.params.return_log_probs:
             arrays["output_log_probs"] = padded([h.log_probs for h in best], np.float32, 0.0)
             arrays["cum_log_probs"] = np.array([[h.cum_log_prob for h in best]], dtype=np.float32)
-        if seq.params.return_context_logits and seq.context_logits:
-            arrays["context_logits"] = torch.stack(seq.context_logits).numpy()[None]
+        if seq.params.return_context_logits and seq.recorded.context_logits:
+            arrays["context_logits"] = torch.stack(seq.recorded.context_logits).numpy()[None]
         if self.perf_metrics:
             arrays.update(perf_metrics(seq))
         self.channel.on_finished(seq.finish_reason)
@@ -225,7 +225,7 @@ class Responder:
             "num_input_tokens": np.array([[seq.num_prompt_tokens]], dtype=np.int32),
             "batch_size": np.array([[out.batch_size]], dtype=np.int32),
             "queue_wait_us": np.array([[int(seq.queue_wait() * 1e6)]], dtype=np.int64),
-            "accepted_prediction_tokens": np.array([[seq.accepted_prediction_tokens]], dtype=np.int32),
+            "accepted_prediction_tokens": np.array([[seq.speculation.accepted_prediction_tokens]], dtype=np.int32),
             "rejected_prediction_tokens": np.array([[seq.rejected_prediction_tokens]], dtype=np.int32),
             **self.detokenizing,
             **({} if self.batch_index is None else {"batch_index": np.array([[self.batch_index]], dtype=np.int32)}),
@@ -237,21 +237,23 @@ class Responder:
         p, arrays = seq.params, {}
         first = seq.num_output_tokens - num_new
         if p.return_log_probs:
-            arrays["output_log_probs"] = np.array(seq.logprobs[first:], dtype=np.float32).reshape(1, 1, -1)
-            arrays["cum_log_probs"] = np.array([[sum(seq.logprobs)]], dtype=np.float32)
+            arrays["output_log_probs"] = np.array(seq.recorded.logprobs[first:], dtype=np.float32).reshape(1, 1, -1)
+            arrays["cum_log_probs"] = np.array([[sum(seq.recorded.logprobs)]], dtype=np.float32)
         if p.top_log_probs:
-            top = seq.top_logprobs[first:]
+            top = seq.recorded.top_logprobs[first:]
             shape = (1, 1, len(top), p.top_log_probs)
             arrays["top_log_prob_ids"] = np.array([t[0] for t in top], dtype=np.int32).reshape(shape)
             arrays["top_log_probs"] = np.array([t[1] for t in top], dtype=np.float32).reshape(shape)
-        if p.return_context_logits and finished and seq.context_logits:  # in the last response, as TensorRT-LLM
-            arrays["context_logits"] = torch.stack(seq.context_logits).numpy()[None]
+        if (
+            p.return_context_logits and finished and seq.recorded.context_logits
+        ):  # in the last response, as TensorRT-LLM
+            arrays["context_logits"] = torch.stack(seq.recorded.context_logits).numpy()[None]
         if p.return_prompt_log_probs and first == 0:
             arrays["prompt_log_probs"] = _prompt_log_probs(seq)
         if self.drafted:
-            arrays["num_accepted_draft_tokens"] = np.array([[seq.accepted_drafts]], dtype=np.int32)
+            arrays["num_accepted_draft_tokens"] = np.array([[seq.speculation.accepted_drafts]], dtype=np.int32)
         if p.return_generation_logits and num_new:
-            arrays["generation_logits"] = torch.stack(seq.generation_logits[first:]).numpy()[None, None]
+            arrays["generation_logits"] = torch.stack(seq.recorded.generation_logits[first:]).numpy()[None, None]
         return arrays
 
 
@@ -270,10 +272,10 @@ def perf_metrics(seq) -> dict[str, np.ndarray]:
         "kv_cache_alloc_new_blocks": (new_blocks, np.int32),
         "kv_cache_reused_blocks": (counts.reused_blocks, np.int32),
         "kv_cache_alloc_total_blocks": (new_blocks, np.int32),
-        "arrival_time_ns": (wall_ns(seq.arrival_time), np.int64),
-        "first_scheduled_time_ns": (wall_ns(seq.first_scheduled_time), np.int64),
-        "first_token_time_ns": (wall_ns(seq.first_token_time), np.int64),
-        "last_token_time_ns": (wall_ns(seq.last_token_time), np.int64),
+        "arrival_time_ns": (wall_ns(seq.timing.arrival_time), np.int64),
+        "first_scheduled_time_ns": (wall_ns(seq.timing.first_scheduled_time), np.int64),
+        "first_token_time_ns": (wall_ns(seq.timing.first_token_time), np.int64),
+        "last_token_time_ns": (wall_ns(seq.timing.last_token_time), np.int64),
         "acceptance_rate": (counts.accepted_draft_tokens / max(1, counts.draft_tokens), np.float32),
         "total_accepted_draft_tokens": (counts.accepted_draft_tokens, np.int32),
         "total_draft_tokens": (counts.draft_tokens, np.int32),
@@ -285,11 +287,11 @@ def _prompt_log_probs(seq) -> np.ndarray:
     """[1, prompt, 2 + 2k]: per prompt token, its id and log-probability given the tokens before it, then the
     ids and log-probabilities of the k best alternatives; the first token, which nothing predicts, has NaNs."""
     k = seq.params.top_log_probs
-    tops = seq.prompt_top_logprobs or [([], [])] * len(seq.prompt_logprobs)
+    tops = seq.recorded.prompt_top_logprobs or [([], [])] * len(seq.recorded.prompt_logprobs)
     rows = [[seq.prompt_ids[0], *[np.nan] * (1 + 2 * k)]]
     rows += [
         [token, logprob, *ids, *values]
-        for token, logprob, (ids, values) in zip(seq.prompt_ids[1:], seq.prompt_logprobs, tops, strict=True)
+        for token, logprob, (ids, values) in zip(seq.prompt_ids[1:], seq.recorded.prompt_logprobs, tops, strict=True)
     ]
     return np.array(rows, dtype=np.float32).reshape(1, len(rows), 2 + 2 * k)
 

@@ -90,7 +90,7 @@ class LLMEngine:
         if seq.adapter is not None and self.runner.lora is None:
             raise RequestError("lora_task_id", lora.UNAVAILABLE)
         p = seq.params
-        if seq.grammar is not None and (p.beam_width > 1 or seq.draft_tokens):
+        if seq.grammar is not None and (p.beam_width > 1 or seq.speculation.draft_tokens):
             raise RequestError(
                 "guided_decoding_guide", "guided_decoding_guide needs beam_width=1 and no draft_input_ids"
             )
@@ -156,9 +156,15 @@ class LLMEngine:
         measured = self.step_cost.token_share(len(running))
         for_draft_model: dict[Sequence, int] = {}
         for seq in running:
-            if not (self.speculate_all or seq.prediction):
+            if not (self.speculate_all or seq.speculation.prediction):
                 continue
-            if seq.draft_tokens or seq.drafts_from_request or seq.beam or seq.grammar or not decoding(seq):
+            if (
+                seq.speculation.draft_tokens
+                or seq.speculation.from_request
+                or seq.beam
+                or seq.grammar
+                or not decoding(seq)
+            ):
                 continue
             # drafts never run past the request's max_tokens, the model's context or a step's token budget
             room = min(
@@ -168,17 +174,17 @@ class LLMEngine:
             )
             if room <= 0:
                 continue
-            if self.draft_model is not None and not seq.prediction:
+            if self.draft_model is not None and not seq.speculation.prediction:
                 if seq.prompt_table is None and seq.adapter is None:  # the draft model knows neither
                     for_draft_model[seq] = room
                 continue
             # A sampled sequence's draws depend on its drafts, so they may depend on nothing but the sequence
             # itself (its seed makes it reproducible in any batch): not on the measured step times.
             share = measured if seq.params.greedy else None
-            seq.draft_tokens = self.drafter.draft(seq, room, share)
+            seq.speculation.draft_tokens = self.drafter.draft(seq, room, share)
         if for_draft_model:
             for seq, drafts in self.draft_model.draft(for_draft_model).items():
-                seq.draft_tokens = drafts
+                seq.speculation.draft_tokens = drafts
 
     def _run(self, chunks: list[ScheduledChunk]) -> list[StepOutput]:
         """The forward pass of the step's chunks, then each sampling chunk's next token (or beam step)."""
@@ -253,7 +259,7 @@ class LLMEngine:
         """Samples the chunk's next token, or verifies its drafts: every accepted draft plus one more token."""
         seq, drafts, new = chunk.seq, chunk.drafts, []
         if drafts:
-            seq.accepted_drafts = 0
+            seq.speculation.accepted_drafts = 0
         for i in range(len(drafts) + 1):
             draft = drafts[i] if i < len(drafts) else None
             sampled = sample_one(logits[row + i], seq, argmax[row + i], draft)
@@ -266,19 +272,19 @@ class LLMEngine:
                 break
             if draft is None or sampled.token != draft:
                 break
-            seq.accepted_drafts += 1
+            seq.speculation.accepted_drafts += 1
             seq.num_computed += 1  # the draft's K/V, computed in this pass, now belongs to the sequence
         if drafts:
-            seq.draft_tokens, seq.draft_logits = [], None
+            seq.speculation.draft_tokens, seq.speculation.draft_logits = [], None
             self.stats.verifications += 1
             self.stats.draft_tokens += len(drafts)
-            self.stats.accepted_draft_tokens += seq.accepted_drafts
+            self.stats.accepted_draft_tokens += seq.speculation.accepted_drafts
             seq.counts.draft_tokens += len(drafts)
-            seq.counts.accepted_draft_tokens += seq.accepted_drafts
-            if not seq.drafts_from_request:
-                self.drafter.verified(seq, len(drafts), seq.accepted_drafts)
-                if seq.prediction:
-                    seq.accepted_prediction_tokens += seq.accepted_drafts
+            seq.counts.accepted_draft_tokens += seq.speculation.accepted_drafts
+            if not seq.speculation.from_request:
+                self.drafter.verified(seq, len(drafts), seq.speculation.accepted_drafts)
+                if seq.speculation.prediction:
+                    seq.speculation.accepted_prediction_tokens += seq.speculation.accepted_drafts
         return new
 
     def _count_step(self, chunks: list[ScheduledChunk]) -> None:
@@ -288,38 +294,40 @@ class LLMEngine:
         stats.last_step_tokens = sum(c.num_tokens for c in chunks)
         for chunk in chunks:
             seq = chunk.seq
-            if seq.last_token_time is None:
+            if seq.timing.last_token_time is None:
                 stats.prompt_tokens += seq.num_prompt_tokens
-                seq.last_token_time = seq.arrival_time  # started; the first token's latency counts from arrival
+                seq.timing.last_token_time = (
+                    seq.timing.arrival_time
+                )  # started; the first token's latency counts from arrival
 
     def _observe_latency(self, seq: Sequence, now: float) -> None:
         stats = self.stats
         stats.generation_tokens += 1
         if seq.num_output_tokens == 1:
-            seq.first_token_time = now
-            stats.time_to_first_token.append(now - seq.arrival_time)
+            seq.timing.first_token_time = now
+            stats.time_to_first_token.append(now - seq.timing.arrival_time)
             stats.queue_time.append(seq.queue_wait())
         else:
-            stats.inter_token_latency.append(now - seq.last_token_time)
-        seq.last_token_time = now
+            stats.inter_token_latency.append(now - seq.timing.last_token_time)
+        seq.timing.last_token_time = now
 
     @staticmethod
     def _record_prompt(seq: Sequence, rows: torch.Tensor) -> None:
-        """The logits of prompt positions from `seq.prompt_positions_seen` on: kept whole, or reduced at once to
-        the log-probabilities of the prompt tokens they predict, so a long prompt never holds [prompt, vocab]."""
-        p, first = seq.params, seq.prompt_positions_seen
-        seq.prompt_positions_seen += len(rows)
+        """The logits of prompt positions from `seq.recorded.prompt_positions_seen` on: kept whole, or reduced at once
+        to the log-probabilities of the prompt tokens they predict, so a long prompt never holds [prompt, vocab]."""
+        p, first = seq.params, seq.recorded.prompt_positions_seen
+        seq.recorded.prompt_positions_seen += len(rows)
         if p.return_context_logits:
-            seq.context_logits.extend(rows)
+            seq.recorded.context_logits.extend(rows)
         predicted = seq.prompt_ids[first + 1 : first + 1 + len(rows)]  # the last position predicts the output
         if not p.return_prompt_log_probs or not predicted:
             return
         logprobs = torch.log_softmax(rows[: len(predicted)], -1)
         predicted_ids = torch.tensor(predicted, device=logprobs.device)
-        seq.prompt_logprobs += logprobs[torch.arange(len(predicted)), predicted_ids].tolist()
+        seq.recorded.prompt_logprobs += logprobs[torch.arange(len(predicted)), predicted_ids].tolist()
         if p.top_log_probs:
             top = torch.topk(logprobs, p.top_log_probs)
-            seq.prompt_top_logprobs += list(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+            seq.recorded.prompt_top_logprobs += list(zip(top.indices.tolist(), top.values.tolist(), strict=True))
 
     @staticmethod
     def _record(seq: Sequence, sampled: Sampled, raw_logits: torch.Tensor) -> None:
@@ -328,11 +336,11 @@ class LLMEngine:
         if seq.grammar is not None and answer:
             seq.grammar.advance(sampled.token)
         if sampled.logprob is not None:
-            seq.logprobs.append(sampled.logprob)
+            seq.recorded.logprobs.append(sampled.logprob)
         if sampled.top_ids is not None:
-            seq.top_logprobs.append((sampled.top_ids, sampled.top_logprobs))
+            seq.recorded.top_logprobs.append((sampled.top_ids, sampled.top_logprobs))
         if seq.params.return_generation_logits:
-            seq.generation_logits.append(raw_logits.clone())
+            seq.recorded.generation_logits.append(raw_logits.clone())
 
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         if token == seq.params.end_id or (seq.grammar is not None and seq.grammar.finished):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,6 +23,7 @@ from tritonllm.engine import (
     paged_attention,
     quantized_linear,
     reference_logits,
+    step_packing,
     tensor_parallel,
     weight_memory,
 )
@@ -32,13 +32,12 @@ from tritonllm.engine.device import resolve_device, resolve_dtype
 from tritonllm.engine.model_shape import ModelShape
 from tritonllm.engine.paged_attention import (
     ATTN_IMPLEMENTATION,
-    AttentionGroup,
     KVCache,
     LayerProbe,
-    PaddedQueries,
     PagedBatch,
 )
 from tritonllm.engine.scheduler import ScheduledChunk
+from tritonllm.engine.step_packing import Step
 
 log = logging.getLogger(__name__)
 
@@ -59,21 +58,6 @@ def _transformers_model(model_dir: str | Path, dtype: torch.dtype) -> torch.nn.M
             f"cannot replace it ({type(e).__name__}: {e})"
         ) from e
     return model.eval()
-
-
-@dataclass
-class Step:
-    """One forward pass's tensors, as every rank of a tensor-parallel engine runs it."""
-
-    inputs: dict[str, torch.Tensor]  # input_ids, or inputs_embeds
-    position_ids: torch.Tensor
-    slot_mapping: torch.Tensor
-    groups: list[AttentionGroup]
-    logits_to_keep: torch.Tensor
-    copies: list  # KV blocks to copy first (copy on write)
-    # for the native decoder stack, in place of groups: each fed token's block table and context length
-    native_rows: tuple[torch.Tensor, torch.Tensor] | None = None
-    screened: bool = False  # every kept row wants only its argmax: the logits of the tokens that can win
 
 
 class ModelRunner:
@@ -184,6 +168,11 @@ class ModelRunner:
             return
         self.decoder_stack = native_decode.NativeDecode(self.model, self.cache, self.screens_greedy_steps)
 
+    def _kv_layout(self) -> step_packing.KVLayout:
+        return step_packing.KVLayout(
+            self.blocks, self.device, self.shape.num_kv_heads, self.shape.head_dim, self.kv_dtype
+        )
+
     def _allocate_cache(self) -> KVCache:
         return KVCache.allocate(
             self.shape.num_layers,
@@ -237,22 +226,9 @@ class ModelRunner:
         carries; and, for sequences that want their prompt's logits, those of this chunk's prompt positions not
         recorded yet, by chunk index.
         """
-        input_ids, positions, slots, sample_rows = [], [], [], []
-        context_rows: dict[int, list[int]] = {}
-        for index, chunk in enumerate(chunks):
-            seq, start = chunk.seq, chunk.seq.num_computed
-            end = start + chunk.num_tokens
-            offset = len(input_ids)
-            input_ids.extend(chunk.fed_tokens)
-            positions.extend(range(start, start + chunk.num_fed))
-            slots.extend(self.blocks.slot(seq, p) for p in range(start, start + chunk.num_fed))
-            if seq.params.wants_prompt_logits:
-                wanted = range(max(start, seq.prompt_positions_seen), min(end, seq.num_prompt_tokens))
-                if wanted:
-                    context_rows[index] = [offset + p - start for p in wanted]
-            if chunk.samples:
-                last = offset + chunk.num_tokens - 1
-                sample_rows.extend(range(last, last + 1 + len(chunk.drafts)))
+        rows = step_packing.rows_of(chunks, self.blocks)
+        input_ids, positions, slots = rows.input_ids, rows.positions, rows.slots
+        sample_rows, context_rows = rows.sample_rows, rows.context_rows
         dev = self.device
         keep = sample_rows + [r for rows in context_rows.values() for r in rows]
         native = self._native_serves(chunks, probe)
@@ -260,10 +236,10 @@ class ModelRunner:
             inputs=self._inputs(chunks, input_ids),
             position_ids=torch.tensor([positions], device=dev),
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            groups=[] if native else self._groups(chunks),
+            groups=[] if native else step_packing.attention_groups(chunks, self._kv_layout(), self.native_decode),
             logits_to_keep=torch.tensor(keep or [0], device=dev),
             copies=self.blocks.pending_copies,
-            native_rows=self._native_rows(chunks) if native else None,
+            native_rows=step_packing.native_rows(chunks, self.blocks, self.device) if native else None,
             screened=native and self._screens(chunks, sample_rows, context_rows),
         )
         self.blocks.pending_copies = []
@@ -310,19 +286,6 @@ class ModelRunner:
             and all(greedy_screen.screenable(c.seq) for c in chunks if c.samples)
         )
 
-    def _native_rows(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each fed token as a query of its own: its sequence's block table, and the context it sees (its own
-        position and those before it), so a prompt chunk's tokens attend causally."""
-        ends = [c.seq.num_computed + c.num_fed for c in chunks]
-        needed = [self.blocks.blocks_needed(end) for end in ends]
-        width = max(needed)
-        tables, contexts = [], []
-        for chunk, end, used in zip(chunks, ends, needed, strict=True):
-            table = chunk.seq.block_table[:used] + [0] * (width - used)
-            tables.append(torch.tensor([table]).expand(chunk.num_fed, width))
-            contexts.append(torch.arange(end - chunk.num_fed + 1, end + 1))
-        return torch.cat(tables).to(self.device), torch.cat(contexts).to(self.device)
-
     def _assign_adapters(self, chunks: list[ScheduledChunk]) -> None:
         if self.lora is None:
             return
@@ -351,57 +314,3 @@ class ModelRunner:
                 embeds[0, offset + virtual] = table[fed[virtual] - vocab].to(embeds.dtype)
             offset += chunk.num_fed
         return {"inputs_embeds": embeds}
-
-    def _groups(self, chunks: list[ScheduledChunk]) -> list[AttentionGroup]:
-        decodes, offset = [], 0
-        groups = []
-        for chunk in chunks:
-            if chunk.num_fed == 1:
-                decodes.append((chunk, offset))
-            else:
-                groups.append(self._group([(chunk, offset)]))
-            offset += chunk.num_fed
-        if decodes:
-            groups.append(self._group(decodes))
-        return groups
-
-    def _group(self, members: list[tuple[ScheduledChunk, int]]) -> AttentionGroup:
-        dev = self.device
-        lens = [c.seq.num_computed + c.num_fed for c, _ in members]
-        used = [self.blocks.blocks_needed(n) for n in lens]
-        max_blocks = max(used)
-        tables = [c.seq.block_table[:u] + [0] * (max_blocks - u) for (c, _), u in zip(members, used, strict=True)]
-        max_q = max(c.num_fed for c, _ in members)
-        return AttentionGroup(
-            block_index=torch.tensor(tables, dtype=torch.long, device=dev).flatten(),
-            context_lens=torch.tensor(lens, device=dev),
-            out_index=torch.tensor([o + j for c, o in members for j in range(c.num_fed)], dtype=torch.long, device=dev),
-            padded=None if max_q == 1 and self.native_decode else self._padded(members, max_q, max_blocks),
-        )
-
-    def _padded(self, members: list[tuple[ScheduledChunk, int]], max_q: int, max_blocks: int) -> PaddedQueries:
-        bs, b = self.blocks.block_size, len(members)
-        query_index = torch.zeros(b, max_q, dtype=torch.long)
-        query_positions = torch.zeros(b, 1, max_q, 1, dtype=torch.long)
-        causal = torch.zeros(b, 1, max_q, max_blocks * bs, dtype=torch.bool)
-        valid = torch.zeros(b, max_q, dtype=torch.bool)
-        for i, (chunk, offset) in enumerate(members):
-            start, n = chunk.seq.num_computed, chunk.num_fed
-            ctx = start + n
-            query_index[i, :n] = torch.arange(offset, offset + n)
-            query_index[i, n:] = offset + n - 1
-            query_positions[i, 0, :n, 0] = torch.arange(start, ctx)
-            # Query j sits at position start + j and sees keys 0..start + j.
-            causal[i, 0, :n, :ctx] = torch.arange(ctx)[None, :] <= (start + torch.arange(n))[:, None]
-            causal[i, 0, n:, 0] = True  # padded rows attend somewhere, so they stay finite
-            valid[i, :n] = True
-        dev = self.device
-        buffer_shape = (b * max_blocks, bs, self.shape.num_kv_heads, self.shape.head_dim)
-        return PaddedQueries(
-            query_index=query_index.to(dev),
-            query_positions=query_positions.to(dev),
-            causal=causal.to(dev),
-            valid=valid.flatten().to(dev),
-            key_buffer=torch.empty(buffer_shape, dtype=self.kv_dtype, device=dev),
-            value_buffer=torch.empty(buffer_shape, dtype=self.kv_dtype, device=dev),
-        )

@@ -116,7 +116,7 @@ class PredictionState:
     parted: bool = False
 
     def continuation(self, seq: Sequence, limit: int) -> list[int]:
-        prediction, tokens, start = seq.prediction, seq.token_ids, seq.num_prompt_tokens
+        prediction, tokens, start = seq.speculation.prediction, seq.token_ids, seq.num_prompt_tokens
         while not self.parted and start + self.aligned < len(tokens):
             i = self.aligned
             if i < len(prediction) and tokens[start + i] == prediction[i]:
@@ -163,9 +163,9 @@ class NgramDrafter:
         state = self._states.get(seq)
         if state is None:
             state = self._states[seq] = DraftState(NgramIndex(self.sizes))
-            if seq.prediction:
+            if seq.speculation.prediction:
                 prediction = NgramIndex(self.sizes)
-                prediction.update(seq.prediction)
+                prediction.update(seq.speculation.prediction)
                 state.prediction = PredictionState(prediction)
                 # the client expects the answer to repeat it: trust the first drafts more than a guess
                 state.acceptance = AcceptanceRate(kept=PREDICTION_PRIOR)

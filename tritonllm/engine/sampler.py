@@ -152,8 +152,8 @@ def _draw(probs: torch.Tensor, seq: Sequence) -> int:
 
 
 def _speculative(probs: torch.Tensor, seq: Sequence, draft: int) -> int:
-    if seq.draft_logits is not None:
-        q = seq.draft_logits[seq.accepted_drafts].softmax(-1)
+    if seq.speculation.draft_logits is not None:
+        q = seq.speculation.draft_logits[seq.speculation.accepted_drafts].softmax(-1)
     else:
         q = torch.zeros_like(probs)
         q[draft] = 1.0

@@ -142,8 +142,8 @@ class Scheduler:
                 self.blocks.take_prefix(seq, prefix)
             self.blocks.grow(seq, start + chunk.num_fed)
             seq.status = SequenceStatus.RUNNING
-            if seq.first_scheduled_time is None:
-                seq.first_scheduled_time = time.monotonic()
+            if seq.timing.first_scheduled_time is None:
+                seq.timing.first_scheduled_time = time.monotonic()
             self.running.append(seq)
             chunks.append(chunk)
             budget -= chunk.num_fed
@@ -163,12 +163,14 @@ class Scheduler:
         if self.step_cost is None:
             return None
         decodes = [s for s in self.running if decoding(s)]
-        pending = [s.arrival_time for s in self.running if not decoding(s)]
-        pending += [s.arrival_time for s in self.waiting if s.ready]
+        pending = [s.timing.arrival_time for s in self.running if not decoding(s)]
+        pending += [s.timing.arrival_time for s in self.waiting if s.ready]
         if not pending:
             return None
         protected_since = min(pending) - self.burst_seconds
-        if not any(s.first_token_time is not None and s.first_token_time <= protected_since for s in decodes):
+        if not any(
+            s.timing.first_token_time is not None and s.timing.first_token_time <= protected_since for s in decodes
+        ):
             return None
         return self.step_cost.prefill_allowance(len(decodes))
 
@@ -209,8 +211,8 @@ class Scheduler:
         None when nothing fits this step.
         """
         remaining = len(seq.token_ids) - start
-        drafts = seq.draft_tokens
-        if seq.params.greedy and not seq.drafts_from_request:
+        drafts = seq.speculation.draft_tokens
+        if seq.params.greedy and not seq.speculation.from_request:
             drafts = drafts[: max(0, budget - remaining)]  # the engine's own guesses: as many as fit
         if drafts and remaining + len(drafts) <= budget:
             return ScheduledChunk(seq, remaining, list(drafts))

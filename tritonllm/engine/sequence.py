@@ -32,6 +32,44 @@ class KvAndDraftCounts:
     accepted_draft_tokens: int = 0
 
 
+@dataclass
+class Speculation:
+    """Guessed next tokens verified in one step, then cleared: the request's own or a drafter's, with the drafter's
+    logits for them where it has them; and OpenAI's Predicted Outputs, text the answer is expected to repeat,
+    drafted from (ngram_drafter.py)."""
+
+    draft_tokens: list[int] = field(default_factory=list)
+    draft_logits: torch.Tensor | None = None  # [len(draft_tokens), vocab]
+    accepted_drafts: int = 0  # of the last verification
+    prediction: list[int] = field(default_factory=list)
+    accepted_prediction_tokens: int = 0
+    from_request: bool = False  # the request brought its drafts: the engine drafts no more for it
+
+
+@dataclass
+class Timing:
+    """When the sequence arrived, was first scheduled, began to stream and last streamed (time.monotonic())."""
+
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None  # when it began to stream (the scheduler's prefill cap protects it)
+    last_token_time: float | None = None  # set when it first runs, then at every token
+
+
+@dataclass
+class Recorded:
+    """What the request asked to get back beside its tokens (see SamplingParams)."""
+
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[tuple[list[int], list[float]]] = field(default_factory=list)
+    prompt_positions_seen: int = 0  # prompt positions whose logits were recorded (survives preemption)
+    context_logits: list[torch.Tensor] = field(default_factory=list)  # one [vocab] row per prompt position
+    # From the second prompt token on: its log-probability, and the best alternatives, given the tokens before.
+    prompt_logprobs: list[float] = field(default_factory=list)
+    prompt_top_logprobs: list[tuple[list[int], list[float]]] = field(default_factory=list)
+    generation_logits: list[torch.Tensor] = field(default_factory=list)  # one [vocab] row per output token
+
+
 class BeamGroup(Protocol):
     """The beam search whose live beams are Sequences (beam_search.BeamSearch), as the engine and the responses
     reach it through a beam; declared here because the search itself is built on Sequence."""
@@ -61,6 +99,9 @@ class FinishReason(str, Enum):
 
 @dataclass(eq=False)
 class Sequence:
+    """One request's sample (or one live beam): what it is fed, where its KV blocks are, how it is scheduled;
+    its speculation, timings and recorded outputs are groups of their own."""
+
     prompt_ids: list[int]
     params: SamplingParams
     request_id: str = ""
@@ -75,13 +116,7 @@ class Sequence:
     # that it starts from that sibling's cached prompt blocks instead of computing them again.
     sample_index: int = 0
     after: Sequence | None = None
-    # Guessed next tokens (and optionally the drafter's logits for them), verified in one step, then cleared.
-    draft_tokens: list[int] = field(default_factory=list)
-    draft_logits: torch.Tensor | None = None  # [len(draft_tokens), vocab]
-    accepted_drafts: int = 0  # of the last verification
-    # OpenAI's Predicted Outputs: text the answer is expected to repeat, drafted from (ngram_drafter.py).
-    prediction: list[int] = field(default_factory=list)
-    accepted_prediction_tokens: int = 0
+    speculation: Speculation = field(default_factory=Speculation)
     # P-tuning: prompt ids from the vocabulary size on select rows of this [rows, hidden] table.
     prompt_table: torch.Tensor | None = None
     adapter: Adapter | None = None  # LoRA
@@ -90,25 +125,14 @@ class Sequence:
     thinking: ThinkingTracker | None = field(init=False, default=None)  # with params.thinking
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
-    arrival_time: float = field(default_factory=time.monotonic)
-    first_scheduled_time: float | None = None
-    first_token_time: float | None = None  # when it began to stream (the scheduler's prefill cap protects it)
-    last_token_time: float | None = None  # set when it first runs, then at every token
+    timing: Timing = field(default_factory=Timing)
     counts: KvAndDraftCounts = field(default_factory=KvAndDraftCounts)
     generator: torch.Generator | None = field(init=False, default=None)
-    # Reported back when the request asks (see SamplingParams).
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[tuple[list[int], list[float]]] = field(default_factory=list)
-    prompt_positions_seen: int = 0  # prompt positions whose logits were recorded (survives preemption)
-    context_logits: list[torch.Tensor] = field(default_factory=list)  # one [vocab] row per prompt position
-    # From the second prompt token on: its log-probability, and the best alternatives, given the tokens before.
-    prompt_logprobs: list[float] = field(default_factory=list)
-    prompt_top_logprobs: list[tuple[list[int], list[float]]] = field(default_factory=list)
-    generation_logits: list[torch.Tensor] = field(default_factory=list)  # one [vocab] row per output token
+    recorded: Recorded = field(init=False, default_factory=Recorded)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_ids)
-        self.drafts_from_request = bool(self.draft_tokens)  # the engine drafts no more for it
+        self.speculation.from_request = bool(self.speculation.draft_tokens)  # the engine drafts no more for it
         block = self.params.thinking
         self.thinking = None if block is None else ThinkingTracker(block)
 
@@ -167,21 +191,19 @@ class Sequence:
             prompt_table=self.prompt_table,
             adapter=self.adapter,
             beam=self.beam,
-            arrival_time=self.arrival_time,
-            first_scheduled_time=self.first_scheduled_time,
-            first_token_time=self.first_token_time,
+            timing=Timing(self.timing.arrival_time, self.timing.first_scheduled_time, self.timing.first_token_time),
         )
 
     @property
     def rejected_prediction_tokens(self) -> int:
         """The prediction's tokens that did not become output through a kept draft (OpenAI's usage field)."""
-        return max(0, len(self.prediction) - self.accepted_prediction_tokens)
+        return max(0, len(self.speculation.prediction) - self.speculation.accepted_prediction_tokens)
 
     def queue_wait(self) -> float:
         """Seconds from arrival to first scheduling (0 while still waiting)."""
-        if self.first_scheduled_time is None:
+        if self.timing.first_scheduled_time is None:
             return 0.0
-        return self.first_scheduled_time - self.arrival_time
+        return self.timing.first_scheduled_time - self.timing.arrival_time
 
 
 def samples_of(prompt_ids: list[int], params: SamplingParams, n: int, **fields) -> list[Sequence]:
@@ -189,10 +211,13 @@ def samples_of(prompt_ids: list[int], params: SamplingParams, n: int, **fields) 
 
     With a seed, sample i draws from seed + i, so the samples differ and each is reproducible.
     """
+    speculation = fields.pop("speculation", None) or Speculation()
     samples: list[Sequence] = []
     for i in range(n):
         own = (
             params if params.seed is None or i == 0 else dataclasses.replace(params, seed=(params.seed + i) % (1 << 64))
         )
-        samples.append(Sequence(prompt_ids, own, sample_index=i, after=samples[0] if samples else None, **fields))
+        mine = dataclasses.replace(speculation, draft_tokens=list(speculation.draft_tokens))  # each counts its own
+        after = samples[0] if samples else None
+        samples.append(Sequence(prompt_ids, own, sample_index=i, after=after, speculation=mine, **fields))
     return samples

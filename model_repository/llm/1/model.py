@@ -34,7 +34,7 @@ from tritonllm.engine.engine import LLMEngine
 from tritonllm.engine.engine_thread import EngineThread, Submission, load_on_own_thread
 from tritonllm.engine.grammar import GrammarCompiler
 from tritonllm.engine.lora import AdapterCache
-from tritonllm.engine.sequence import samples_of
+from tritonllm.engine.sequence import Speculation, samples_of
 from tritonllm.formats import gguf
 from tritonllm.formats.hf_folder import load_tokenizer
 from tritonllm.wire import multiplex
@@ -157,9 +157,7 @@ class TritonPythonModel:
             priority=parsed.priority,
             prompt_table=table,
             adapter=self._adapter(get),
-            draft_tokens=parsed.draft_tokens,
-            draft_logits=parsed.draft_logits,
-            prediction=parsed.prediction,
+            speculation=Speculation(parsed.draft_tokens, parsed.draft_logits, prediction=parsed.prediction),
             deadline=None if parsed.timeout_s is None else time.monotonic() + parsed.timeout_s,
         )
         if parsed.guide is not None:
