@@ -16,9 +16,9 @@ from oracles import greedy_ids
 from tritonllm.engine import cpu_kernels, llama_model, native_decode, paged_attention
 from tritonllm.engine.engine import EngineConfig, LLMEngine
 from tritonllm.engine.llama_model import ModelConfig
-from tritonllm.engine.model_check import UnsupportedModelError
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.unsupported_model import UnsupportedModelError
 
 NEW_TOKENS = 12
 WINDOWED = {"mistral", "qwen2", "mixtral", "gemma2", "gemma3_text", "phi3"}
@@ -142,3 +142,18 @@ def test_an_attention_that_ignores_the_window_is_refused(architectures_dir, monk
     )
     with pytest.raises(UnsupportedModelError, match="differ from transformers' eager attention"):
         LLMEngine(EngineConfig(str(architectures_dir / "mistral"), num_kv_blocks=16, block_size=8))
+
+
+def test_a_multimodal_model_is_refused_at_load_naming_its_tower(tmp_path, tokenizer):
+    """A LLaVA folder: its config nests a text model and a vision tower, which the engine does not run; the load
+    says so instead of reading a text model's fields from the composite config."""
+    torch.manual_seed(0)
+    text = transformers.LlamaConfig(vocab_size=len(tokenizer) + 1, **_SMALL)
+    vision = transformers.CLIPVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8
+    )
+    config = transformers.LlavaConfig(text_config=text, vision_config=vision, image_token_index=len(tokenizer))
+    transformers.LlavaForConditionalGeneration(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedModelError, match=r"llava is a multimodal model \(vision_config\)"):
+        LLMEngine(EngineConfig(str(tmp_path), num_kv_blocks=16, block_size=8))

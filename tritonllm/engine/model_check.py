@@ -21,6 +21,7 @@ from tritonllm.engine.paged_attention import ATTN_IMPLEMENTATION, LayerProbe
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.scheduler import ScheduledChunk
 from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.unsupported_model import UnsupportedModelError
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +30,6 @@ PROBE_TOKENS = 40  # crosses the windows of the test models; real windows are co
 # Largest logit difference from eager attention, as a fraction of the largest logit: float32 differs only in
 # summation order; half precision rounds every op.
 TOLERANCE = {torch.float32: 1e-3, torch.float16: 5e-2, torch.bfloat16: 5e-2, torch.int8: 1e-1}  # int8: a KV cache
-
-
-class UnsupportedModelError(ValueError):
-    """The engine cannot serve this model exactly; the message names what it lacks."""
 
 
 class ProbedRunner(Protocol):

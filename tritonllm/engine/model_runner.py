@@ -38,6 +38,7 @@ from tritonllm.engine.paged_attention import (
 )
 from tritonllm.engine.scheduler import ScheduledChunk
 from tritonllm.engine.step_packing import Step
+from tritonllm.engine.unsupported_model import UnsupportedModelError
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ def _transformers_model(model_dir: str | Path, dtype: torch.dtype) -> torch.nn.M
     except (ValueError, KeyError) as e:  # an architecture whose attention cannot be swapped for another
         if ATTN_IMPLEMENTATION not in str(e) and "attention" not in str(e):
             raise
-        raise model_check.UnsupportedModelError(
+        raise UnsupportedModelError(
             f"its attention does not go through transformers' AttentionInterface, so the paged attention "
             f"cannot replace it ({type(e).__name__}: {e})"
         ) from e
@@ -97,7 +98,7 @@ class ModelRunner:
             try:
                 self._load(model_dir, config, gguf_file, int8_activations, enable_lora)
                 return
-            except (model_check.UnsupportedModelError, KeyError, RuntimeError) as e:
+            except (UnsupportedModelError, KeyError, RuntimeError) as e:
                 log.warning("the model built without transformers failed its load: %s: %s", type(e).__name__, e)
                 without_transformers = "the load check"
         log.info("the model runs through transformers' modules: %s", without_transformers)

@@ -6,6 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tritonllm.engine import llama_model
+from tritonllm.engine.unsupported_model import UnsupportedModelError
+
+# the sub-configs of a model whose prompt also takes media, whose towers this engine does not run yet
+MEDIA_TOWERS = ("vision_config", "audio_config", "speech_config", "video_config")
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,12 @@ class ModelShape:
             from transformers import AutoConfig
 
             config = AutoConfig.from_pretrained(model_dir)
+            towers = [name for name in MEDIA_TOWERS if getattr(config, name, None) is not None]
+            if towers:
+                raise UnsupportedModelError(
+                    f"{config.model_type} is a multimodal model ({', '.join(towers)}): this engine serves text-only "
+                    "causal LMs, and runs no image, audio or video encoder"
+                )
         return cls.of(config)
 
     @classmethod

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tritonllm.common.interpreter import python_executable
-from tritonllm.engine.model_check import UnsupportedModelError
+from tritonllm.engine.unsupported_model import UnsupportedModelError
 
 ATTENTION = ("q_proj", "k_proj", "v_proj")
 MLP = ("gate_proj", "up_proj")
