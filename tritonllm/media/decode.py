@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import io
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import av
 import numpy as np
 from PIL import Image
 
 from tritonllm.media.errors import MediaError
-from tritonllm.media.kinds import AUDIO, IMAGE, VIDEO
+from tritonllm.media.kinds import AUDIO, IMAGE, VIDEO, MediaKind
 
 AUDIO_RATE = 16_000  # Whisper's, the audio encoders' rate
 MAX_DECODED_FRAMES = 4096  # a video's frames decoded at most, before those kept are picked
@@ -38,8 +40,7 @@ def image(data: bytes, part: str) -> Image.Image:
 
 def audio(data: bytes, part: str, rate: int = AUDIO_RATE) -> np.ndarray:
     """float32 mono samples at `rate`, the whole clip."""
-    container = _open(data, part, AUDIO)
-    try:
+    with _decoding(data, part, AUDIO) as container:
         if not container.streams.audio:
             raise MediaError(part, f"{part} holds no audio")
         resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
@@ -47,12 +48,6 @@ def audio(data: bytes, part: str, rate: int = AUDIO_RATE) -> np.ndarray:
         for frame in container.decode(audio=0):
             chunks += [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
         chunks += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
-    except MediaError:
-        raise
-    except (av.FFmpegError, ValueError) as e:
-        raise MediaError(part, f"{part} does not decode as {AUDIO.described} ({e})") from e
-    finally:
-        container.close()
     samples = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
     if not samples.size:
         raise MediaError(part, f"{part} holds no audio samples")
@@ -61,8 +56,7 @@ def audio(data: bytes, part: str, rate: int = AUDIO_RATE) -> np.ndarray:
 
 def video(data: bytes, part: str, num_frames: int) -> list[np.ndarray]:
     """`num_frames` RGB frames [height, width, 3] spread evenly over the video (all of them when it has fewer)."""
-    container = _open(data, part, VIDEO)
-    try:
+    with _decoding(data, part, VIDEO) as container:
         if not container.streams.video:
             raise MediaError(part, f"{part} holds no video")
         frames = []
@@ -70,25 +64,27 @@ def video(data: bytes, part: str, num_frames: int) -> list[np.ndarray]:
             frames.append(frame.to_ndarray(format="rgb24"))
             if len(frames) > MAX_DECODED_FRAMES:
                 raise MediaError(part, f"{part} has more than {MAX_DECODED_FRAMES} frames")
-    except MediaError:
-        raise
-    except (av.FFmpegError, ValueError) as e:
-        raise MediaError(part, f"{part} does not decode as {VIDEO.described} ({e})") from e
-    finally:
-        container.close()
     if not frames:
         raise MediaError(part, f"{part} holds no frames")
     picks = np.linspace(0, len(frames) - 1, min(num_frames, len(frames))).round().astype(int)
     return [frames[i] for i in picks]
 
 
-def _open(data: bytes, part: str, kind) -> av.container.InputContainer:
+@contextmanager
+def _decoding(data: bytes, part: str, kind: MediaKind) -> Iterator[av.container.InputContainer]:
+    """The bytes opened as a container of one of `kind`'s formats, closed after; FFmpeg's errors while opening or
+    decoding become MediaErrors naming the part."""
     try:
         container = av.open(io.BytesIO(data), mode="r")
     except (av.FFmpegError, ValueError) as e:
         raise MediaError(part, f"{part} is not {kind.described} ({e})") from e
-    found = set(container.format.name.split(","))
-    if not found & kind.containers:
+    try:
+        if not set(container.format.name.split(",")) & kind.containers:
+            raise MediaError(part, f"{part} is {container.format.name}, not {kind.described}")
+        yield container
+    except MediaError:
+        raise
+    except (av.FFmpegError, ValueError) as e:
+        raise MediaError(part, f"{part} does not decode as {kind.described} ({e})") from e
+    finally:
         container.close()
-        raise MediaError(part, f"{part} is {container.format.name}, not {kind.described}")
-    return container

@@ -46,7 +46,7 @@ def fetch(reference: str, kind: MediaKind, part: str, policy: MediaPolicy) -> by
         return _download(reference, kind, part, policy)
     if scheme == "file":
         return _local(Path(unquote(urlsplit(reference).path)), kind, part, policy)
-    bare = _bare_base64(reference, kind) if kind.name == "image" else None
+    bare = _bare_base64(reference, kind, part) if kind.name == "image" else None
     if bare is not None:
         return _sized(bare, kind, part)
     if scheme:
@@ -54,9 +54,13 @@ def fetch(reference: str, kind: MediaKind, part: str, policy: MediaPolicy) -> by
     return _local(Path(reference), kind, part, policy)
 
 
+def _too_large(size: int, kind: MediaKind, part: str) -> MediaError:
+    return MediaError(part, f"{part} is {size / MB:.1f} MB; a {kind.name} may be {kind.max_bytes // MB} MB")
+
+
 def _sized(data: bytes, kind: MediaKind, part: str) -> bytes:
     if len(data) > kind.max_bytes:
-        raise MediaError(part, f"{part} is {len(data) / MB:.1f} MB; a {kind.name} may be {kind.max_bytes // MB} MB")
+        raise _too_large(len(data), kind, part)
     if not data:
         raise MediaError(part, f"{part} is empty")
     return data
@@ -76,7 +80,7 @@ def _data_url(reference: str, kind: MediaKind, part: str) -> bytes:
     return _sized(data, kind, part)
 
 
-def _bare_base64(reference: str, kind: MediaKind) -> bytes | None:
+def _bare_base64(reference: str, kind: MediaKind, part: str) -> bytes | None:
     """A base64 image given without a data URL, as the pages allow: only what decodes to a JPEG or PNG's first
     bytes counts, so a server path is never taken for one."""
     if len(reference) < 64 or not _BASE64.fullmatch(reference):
@@ -88,7 +92,7 @@ def _bare_base64(reference: str, kind: MediaKind) -> bytes | None:
     if not head.startswith(_MAGIC):
         return None
     if len(reference) * 3 // 4 > kind.max_bytes + 3:
-        return b"\0" * (kind.max_bytes + 1)  # refused by size, as a data URL would be
+        raise _too_large(len(reference) * 3 // 4, kind, part)  # refused before it is decoded, as a data URL is
     try:
         return base64.b64decode(reference, validate=False)
     except (binascii.Error, ValueError):
@@ -109,7 +113,7 @@ def _download(url: str, kind: MediaKind, part: str, policy: MediaPolicy) -> byte
                         raise MediaError(part, f"{part}: {url} answered {response.status_code}")
                     declared = int(response.headers.get("content-length") or 0)
                     if declared > kind.max_bytes:
-                        _sized(b"\0" * (kind.max_bytes + 1), kind, part)
+                        raise _too_large(declared, kind, part)
                     data = bytearray()
                     for chunk in response.iter_bytes():
                         data += chunk
