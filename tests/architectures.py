@@ -11,7 +11,7 @@ from pathlib import Path
 WINDOW = 16
 
 # A wide init spreads the logits of random weights, so greedy argmax stays far from ties (see demo_model.py).
-_COMMON = dict(
+TINY_SIZES = dict(  # the sizes of every tiny model, multimodal_models.py's language models too
     hidden_size=64,
     intermediate_size=128,
     num_hidden_layers=3,
@@ -21,7 +21,7 @@ _COMMON = dict(
     initializer_range=0.25,
 )
 
-# family -> (config class name in transformers, settings beyond _COMMON)
+# family -> (config class name in transformers, settings beyond TINY_SIZES)
 ARCHITECTURES: dict[str, tuple[str, dict]] = {
     "llama": ("LlamaConfig", {}),
     "llama_biased": ("LlamaConfig", {"attention_bias": True}),  # biases on q/k/v and o
@@ -92,7 +92,7 @@ def build_architecture(family: str, tokenizer, out_dir: Path) -> Path:
     import transformers
 
     class_name, extra = ARCHITECTURES[family]
-    settings = dict(_COMMON)
+    settings = dict(TINY_SIZES)
     if family in _NO_GQA:
         del settings["num_key_value_heads"]
     for ours, theirs in _RENAMED.get(family, {}).items():

@@ -13,12 +13,12 @@ import transformers
 from architectures import ARCHITECTURES, WINDOW, build_architecture
 from oracles import greedy_ids
 
+from tritonllm.common.unsupported_model import UnsupportedModelError
 from tritonllm.engine import cpu_kernels, llama_model, native_decode, paged_attention
 from tritonllm.engine.engine import EngineConfig, LLMEngine
 from tritonllm.engine.llama_model import ModelConfig
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import Sequence
-from tritonllm.engine.unsupported_model import UnsupportedModelError
 
 NEW_TOKENS = 12
 WINDOWED = {"mistral", "qwen2", "mixtral", "gemma2", "gemma3_text", "phi3"}

@@ -5,17 +5,16 @@ loopback by a server of the test's own."""
 from __future__ import annotations
 
 import base64
-import http.server
 import io
 import math
 import socket
 import struct
-import threading
 import wave
 
 import av
 import numpy as np
 import pytest
+from loopback_site import Files, loopback_site
 from PIL import Image
 
 from tritonllm.media import decode
@@ -77,10 +76,10 @@ def mp4_bytes(frames=10) -> bytes:
     return out.getvalue()
 
 
-class Routes(http.server.BaseHTTPRequestHandler):
-    bodies: dict[str, tuple[str, bytes]] = {}
+class Routes(Files):
+    """Redirect chains (/hop/N) and a body of no declared length (/endless) beside the fixed ones."""
 
-    def do_GET(self):
+    def do_GET(self):  # noqa: N802 - http.server's name
         if self.path.startswith("/hop/"):
             left = int(self.path.rsplit("/", 1)[1])
             self.send_response(302)
@@ -98,33 +97,18 @@ class Routes(http.server.BaseHTTPRequestHandler):
             except (BrokenPipeError, ConnectionResetError):
                 pass
             return
-        if self.path not in self.bodies:
-            self.send_error(404)
-            return
-        kind, body = self.bodies[self.path]
-        self.send_response(200)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+        super().do_GET()
 
 
 @pytest.fixture(scope="module")
 def site():
-    Routes.bodies = {
+    bodies = {
         "/image.png": ("image/png", png_bytes()),
         "/page.png": ("image/png", b"<!doctype html><html><body>not an image</body></html>"),
         "/big.png": ("image/png", b"\0" * (21 * MB)),
     }
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Routes)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with loopback_site(bodies, Routes) as url:
+        yield url
 
 
 OPEN = MediaPolicy()  # URLs from any host, no server path

@@ -10,10 +10,11 @@ import numpy as np
 from jinja2 import TemplateError
 
 from tritonllm.backend import tensorrt_llm_face
+from tritonllm.backend.media_prompt import Encode, MediaPrompts, media_policy
 from tritonllm.backend.model_parameters import TOOL_CALL_PARSER_ENV, ModelParameters, json_list, json_object, strings
 from tritonllm.common.errors import RequestError
 from tritonllm.common.memory import release_free_memory
-from tritonllm.formats.hf_folder import load_model_config
+from tritonllm.formats.multimodal_folder import read_config, text_config
 from tritonllm.tokenizer.backend_tokenizer import cached_snapshot, load_backend_tokenizer
 from tritonllm.tokenizer.info import tokenizer_info
 from tritonllm.tokenizer.reasoning import CLOSING, OPENING, leaves_block_open
@@ -98,10 +99,16 @@ def _same_length(name: str, values: list, other_name: str, others: list) -> None
 TOKENIZER_OUTPUTS = frozenset({"tokenizer_info", "tokenizer_snapshot"})
 
 
+NO_ROWS = np.zeros((1, 0, 0), dtype=np.float32)
+
+
 class Preprocessor:
-    def __init__(self, params: ModelParameters) -> None:
+    def __init__(self, params: ModelParameters, encode: Encode | None = None) -> None:
+        """`encode`: the multimodal_encoders model, called for a prompt with media (a multimodal model only)."""
         self.model_dir = params.model_dir()
         self.tokenizer = load_backend_tokenizer(self.model_dir)  # transformers' only on a first start
+        policy = media_policy(params.get("allowed_local_media_path", ""), params.get("allowed_media_domains", ""))
+        self.media = MediaPrompts.of(self.model_dir, policy, encode)
         self.default_max_tokens = params.int("default_max_tokens", 16)
         self.add_special_tokens = params.bool("add_special_tokens", True)
         parser = os.environ.get(TOOL_CALL_PARSER_ENV) or params.get("tool_call_parser", "auto")
@@ -111,7 +118,7 @@ class Preprocessor:
         # A template that renders no tools (SmolLM2's) gets them in the system prompt, in tool_format's words.
         self.template_renders_tools = renders_tools(self.tokenizer)
         # Prompt tokens allowed: min(max_input_tokens, max_seq_len - 1, the model's max_position_embeddings).
-        positions = load_model_config(params.model_dir()).get("max_position_embeddings", 1 << 31)
+        positions = text_config(read_config(self.model_dir)).get("max_position_embeddings", 1 << 31)
         self.limits = {
             "max_input_tokens": params.int("max_input_tokens", 1 << 31),
             "max_seq_len - 1": params.int("max_seq_len", 1 << 31) - 1,
@@ -140,7 +147,7 @@ class Preprocessor:
         max_tokens = _int(row, "max_tokens", self.default_max_tokens)
         if max_tokens < 1:
             raise RequestError("max_tokens", f"max_tokens must be >= 1, got {max_tokens}")
-        ids = self._tokenize(row, max_tokens if _bool(row, "max_tokens_must_fit", False) else None)
+        ids, media_rows = self._tokenize(row, max_tokens if _bool(row, "max_tokens_must_fit", False) else None)
         bad_words = self._word_list(row, "bad_words")
         stop_token_ids = [t for t in _ids(row, "stop_token_ids") if 0 <= t < len(self.tokenizer)]
         stop_words = self._word_list(row, "stop_words", [[t] for t in stop_token_ids])
@@ -174,6 +181,8 @@ class Preprocessor:
             "thinking_end_ids": np.array([thinking_end_ids], dtype=np.int32),
             # the request's, else the model's parameter (TensorRT-LLM's: false echoes the prompt)
             "exclude_input_in_output": np.array([[_bool(row, "exclude_input_in_output", self.exclude_input)]]),
+            # the rows that the prompt's media tokens (ids from the vocabulary size on) name; none: [1, 0, 0]
+            "multimodal_embeddings": NO_ROWS if media_rows is None else media_rows[None],
         }
 
     def _thinking_tags(self, row, ids: list[int]) -> tuple[list[int], list[int]]:
@@ -222,8 +231,9 @@ class Preprocessor:
         if outside:
             raise RequestError(name, f"{name} holds token ids outside [0, {vocab}): {outside[:5]}")
 
-    def _render(self, row, conversation: list, tools: list | None) -> list[int]:
-        """A chat's ids, rendered as the request asks: continued, with its template variables, its own template."""
+    def _render(self, row, conversation: list, tools: list | None, renderer=None) -> list[int] | str:
+        """A chat's ids, rendered as the request asks: continued, with its template variables, its own template.
+        `renderer`: a multimodal model's processor, which renders the text its media placeholders are put in."""
         continued = _bool(row, "continue_final_message", False)
         generation_prompt = _bool(row, "add_generation_prompt", not continued)
         if continued and generation_prompt:
@@ -234,23 +244,36 @@ class Preprocessor:
         if reserved:
             field = f"chat_template_kwargs.{reserved[0]}"
             raise RequestError(field, f"{field} is not a template variable")
+        arguments = dict(
+            tools=tools,
+            add_generation_prompt=generation_prompt,
+            continue_final_message=continued,
+            chat_template=_string(row, "chat_template") or None,
+            **variables,
+        )
         try:
-            encoded = self.tokenizer.apply_chat_template(
-                conversation,
-                tools=tools,
-                add_generation_prompt=generation_prompt,
-                continue_final_message=continued,
-                chat_template=_string(row, "chat_template") or None,
-                tokenize=True,
-                return_dict=True,
-                **variables,
-            )
+            if renderer is not None:
+                return renderer.apply_chat_template(conversation, tokenize=False, **arguments)
+            encoded = self.tokenizer.apply_chat_template(conversation, tokenize=True, return_dict=True, **arguments)
         except (TemplateError, ValueError, TypeError) as e:  # the request's template, variables or last message
             raise RequestError("chat_messages", f"the chat template could not render chat_messages: {e}") from e
         return list(encoded["input_ids"])
 
-    def _tokenize(self, row, output_tokens: int | None) -> list[int]:
-        """The prompt's ids; `output_tokens` (max_tokens_must_fit): they must fit in the context after it."""
+    def _chat(self, row, conversation: list, tools: list | None) -> tuple[list[int], np.ndarray | None]:
+        """A chat's ids, and the embedding rows of its media when it has any."""
+        media = []
+        if self.media is not None:
+            conversation, media = self.media.split(conversation)
+        if not media:
+            return self._render(row, conversation, tools), None
+        if _bool(row, "truncate_prompt", False):
+            raise RequestError("truncate_prompt", "truncate_prompt would cut a prompt with media; send it without")
+        return self.media.ids_and_rows(conversation, media, lambda processor, c: self._render(row, c, tools, processor))
+
+    def _tokenize(self, row, output_tokens: int | None) -> tuple[list[int], np.ndarray | None]:
+        """The prompt's ids (and its media's embedding rows); `output_tokens` (max_tokens_must_fit): they must fit
+        in the context after it."""
+        media_rows = None
         messages = _string(row, "chat_messages")
         if messages is not None:
             conversation = json_list(messages, "chat_messages")
@@ -258,7 +281,7 @@ class Preprocessor:
             tools = json_list(tools, "chat_tools") if tools else None
             if tools and not self.template_renders_tools:
                 conversation, tools = with_tools_in_prompt(conversation, tools, self.tool_format), None
-            ids = self._render(row, conversation, tools)
+            ids, media_rows = self._chat(row, conversation, tools)
         elif _tensor(row, "prompt_token_ids") is not None:
             ids = _ids(row, "prompt_token_ids")
             self._check_ids("prompt_token_ids", ids)
@@ -286,4 +309,4 @@ class Preprocessor:
                     f"prompt has {len(ids)} ({output_tokens} > {self.context} - {len(ids)})",
                 )
             ids = ids[len(ids) + output_tokens - self.context :]
-        return ids
+        return ids, media_rows

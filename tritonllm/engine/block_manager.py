@@ -4,18 +4,26 @@ Full blocks are shared by prefix: each is named by a hash chained over every tok
 sequences that share a prefix share its blocks (reference counted). A block whose last user is gone keeps its
 contents and its name in a least-recently-freed queue, so a later request (or a preempted sequence coming back)
 can take it again until it is reused for something else.
+
+A prompt-table id (from the vocabulary size on: media rows, p-tuning) is named by a digest of the row it
+selects, not by the id, which is only a row's place: two prompts with the same text and different images share
+no block, and a later turn of a chat about the same image shares all of them.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 
 from tritonllm.engine.sequence import Sequence
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, prefix_caching: bool = True, vocab_size: int = 1 << 62
+    ) -> None:
         self.num_blocks = num_blocks
+        self.vocab_size = vocab_size  # ids from here on select prompt-table rows
         self.block_size = block_size
         self.prefix_caching = prefix_caching
         self._refs = [0] * num_blocks
@@ -91,9 +99,9 @@ class BlockManager:
 
     def cached_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks holding the start of a sequence that has none yet (its last token is left to compute)."""
-        if not self.prefix_caching or seq.block_table or seq.prompt_table is not None or seq.params.wants_prompt_logits:
+        if not self.prefix_caching or seq.block_table or seq.params.wants_prompt_logits:
             return []
-        hashes = self._hashes(seq.token_ids[: len(seq.token_ids) - 1], seq.kv_namespace)
+        hashes = self._hashes(self._named(seq, seq.token_ids[: len(seq.token_ids) - 1]), seq.kv_namespace)
         found = []
         for h in hashes:
             block = self._block_of.get(h)
@@ -119,26 +127,37 @@ class BlockManager:
 
     def register_full_blocks(self, seq: Sequence) -> None:
         """Names the blocks that `seq` has filled since the last call, so later requests can share them."""
-        if not self.prefix_caching or seq.prompt_table is not None:
-            return  # its virtual token ids do not name the embeddings behind them
+        if not self.prefix_caching:
+            return
         full = seq.num_computed // self.block_size
         while len(seq.block_hashes) < full:
             i = len(seq.block_hashes)
             previous = seq.block_hashes[-1] if seq.block_hashes else _root(seq.kv_namespace)
-            h = self._chain(previous, seq.token_ids, i)
+            bs = self.block_size
+            h = self._chain(previous, self._named(seq, seq.token_ids[i * bs : (i + 1) * bs]), 0)
             seq.block_hashes.append(h)
             block = seq.block_table[i]
             if h not in self._block_of and block not in self._hash_of:
                 self._block_of[h] = block
                 self._hash_of[block] = h
 
-    def _hashes(self, tokens: list[int], namespace: int | None) -> list[int]:
+    def _named(self, seq: Sequence, tokens: list[int]) -> list:
+        """`tokens` as the cache names them: a prompt-table id by the digest of its row."""
+        if seq.prompt_table is None:
+            return tokens
+        if seq.prompt_row_digests is None:
+            rows = seq.prompt_table.contiguous()
+            seq.prompt_row_digests = [hashlib.blake2b(r.numpy().tobytes(), digest_size=16).digest() for r in rows]
+        vocab, digests = self.vocab_size, seq.prompt_row_digests
+        return [t if t < vocab else digests[t - vocab] for t in tokens]
+
+    def _hashes(self, tokens: list, namespace: int | None) -> list[int]:
         hashes: list[int] = []
         for i in range(len(tokens) // self.block_size):
             hashes.append(self._chain(hashes[-1] if hashes else _root(namespace), tokens, i))
         return hashes
 
-    def _chain(self, previous, tokens: list[int], index: int) -> int:
+    def _chain(self, previous, tokens: list, index: int) -> int:
         """The name of block `index` of `tokens`: its tokens and, through `previous`, everything before."""
         bs = self.block_size
         return hash((previous, tuple(tokens[index * bs : (index + 1) * bs])))

@@ -49,7 +49,7 @@ class LLMEngine:
         )
         num_blocks = config.kv_blocks(per_block, shape.max_position_embeddings)
         self.kv_cache_bytes = num_blocks * per_block
-        self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, shape.vocab_size)
         self.runner = ModelRunner(
             Path(config.model_dir),
             self.blocks,

@@ -125,7 +125,15 @@ def _check_beam_search(params: SamplingParams, samples: int, drafts: list[int], 
 
 
 def _prompt_table(get: TensorLookup, hidden_size: int) -> torch.Tensor | None:
+    """p-tuning's table, or a multimodal prompt's media rows (preprocessing's, never beside a table)."""
     table, size = get("prompt_embedding_table"), read(get, "prompt_vocab_size")
+    media = get("multimodal_embeddings")
+    if media is not None and media.size:
+        if table is not None:
+            raise RequestError("prompt_embedding_table", "prompt_embedding_table cannot be sent with media")
+        if media.shape[-1] != hidden_size:
+            raise RequestError("multimodal_embeddings", f"multimodal_embeddings rows must hold {hidden_size} values")
+        return torch.from_numpy(np.ascontiguousarray(media.reshape(-1, hidden_size), dtype=np.float32))
     if table is None:
         if size is not None:
             raise RequestError("prompt_vocab_size", "prompt_vocab_size needs a prompt_embedding_table")

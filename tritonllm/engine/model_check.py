@@ -15,13 +15,13 @@ from typing import Protocol
 
 import torch
 
+from tritonllm.common.unsupported_model import UnsupportedModelError
 from tritonllm.engine.block_manager import BlockManager
 from tritonllm.engine.model_shape import ModelShape
 from tritonllm.engine.paged_attention import ATTN_IMPLEMENTATION, LayerProbe
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.scheduler import ScheduledChunk
 from tritonllm.engine.sequence import Sequence
-from tritonllm.engine.unsupported_model import UnsupportedModelError
 
 log = logging.getLogger(__name__)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from tritonllm.common.memory import release_free_memory
+from tritonllm.common.unsupported_model import UnsupportedModelError
 from tritonllm.engine import (
     cpu_kernels,
     fused_projections,
@@ -38,7 +39,6 @@ from tritonllm.engine.paged_attention import (
 )
 from tritonllm.engine.scheduler import ScheduledChunk
 from tritonllm.engine.step_packing import Step
-from tritonllm.engine.unsupported_model import UnsupportedModelError
 
 log = logging.getLogger(__name__)
 

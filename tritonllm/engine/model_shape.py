@@ -5,11 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from tritonllm.common.unsupported_model import UnsupportedModelError
 from tritonllm.engine import llama_model
-from tritonllm.engine.unsupported_model import UnsupportedModelError
-
-# the sub-configs of a model whose prompt also takes media, whose towers this engine does not run yet
-MEDIA_TOWERS = ("vision_config", "audio_config", "speech_config", "video_config")
+from tritonllm.formats.multimodal_folder import MEDIA_TOWERS
 
 
 @dataclass(frozen=True)
@@ -32,8 +30,8 @@ class ModelShape:
             towers = [name for name in MEDIA_TOWERS if getattr(config, name, None) is not None]
             if towers:
                 raise UnsupportedModelError(
-                    f"{config.model_type} is a multimodal model ({', '.join(towers)}): this engine serves text-only "
-                    "causal LMs, and runs no image, audio or video encoder"
+                    f"{config.model_type} is a multimodal model ({', '.join(towers)}): the engine serves its language "
+                    "model, split out by tritonllm.formats.multimodal_folder.language_model_dir"
                 )
         return cls.of(config)
 

@@ -119,6 +119,7 @@ class Sequence:
     speculation: Speculation = field(default_factory=Speculation)
     # P-tuning: prompt ids from the vocabulary size on select rows of this [rows, hidden] table.
     prompt_table: torch.Tensor | None = None
+    prompt_row_digests: list[bytes] | None = None  # each table row's, for prefix caching (block_manager.py)
     adapter: Adapter | None = None  # LoRA
     beam: BeamGroup | None = None  # the search this sequence is a live beam of
     grammar: Grammar | None = None  # constrains which tokens may come next
@@ -189,6 +190,7 @@ class Sequence:
             priority=self.priority,
             deadline=self.deadline,
             prompt_table=self.prompt_table,
+            prompt_row_digests=self.prompt_row_digests,
             adapter=self.adapter,
             beam=self.beam,
             timing=Timing(self.timing.arrival_time, self.timing.first_scheduled_time, self.timing.first_token_time),

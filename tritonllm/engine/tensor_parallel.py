@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tritonllm.common.interpreter import python_executable
-from tritonllm.engine.unsupported_model import UnsupportedModelError
+from tritonllm.common.unsupported_model import UnsupportedModelError
 
 ATTENTION = ("q_proj", "k_proj", "v_proj")
 MLP = ("gate_proj", "up_proj")

@@ -10,7 +10,13 @@ from pathlib import Path
 from tritonllm.backend.model_parameters import MODEL_DIR_ENV
 from tritonllm.launcher.defaults import DEFAULT_MODEL, DEFAULT_MODELS, DEFAULT_REPOSITORY
 from tritonllm.launcher.drain import drain
-from tritonllm.launcher.options import add_access_options, add_engine_options, add_model_set_options, add_shim_options
+from tritonllm.launcher.options import (
+    add_access_options,
+    add_engine_options,
+    add_media_options,
+    add_model_set_options,
+    add_shim_options,
+)
 from tritonllm.launcher.progress import progress as _progress
 from tritonllm.launcher.serve_command import serve
 from tritonllm.launcher.shim_command import shim
@@ -63,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"HF causal-LM directory or .gguf file (default: ${MODEL_DIR_ENV} or models/{DEFAULT_MODEL}); given again, "
         "several LLMs, each served by its name (the folder's or file's)",
     )
+    add_media_options(p)
     p.add_argument("--model-repository", default=str(DEFAULT_REPOSITORY))
     p.add_argument(
         "--served-model-name", help="name clients use for the (first) model (default: its folder's or file's name)"

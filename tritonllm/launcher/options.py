@@ -71,6 +71,22 @@ def add_model_set_options(p: argparse.ArgumentParser, model_dir_help: str) -> No
     )
 
 
+def add_media_options(p: argparse.ArgumentParser) -> None:
+    """Where a multimodal model's media may come from (vLLM's flags of the same names)."""
+    p.add_argument(
+        "--allowed-local-media-path",
+        default="",
+        help="the one server folder whose files a request's media parts may name (a path or file:// URL); "
+        "without it a server path is refused",
+    )
+    p.add_argument(
+        "--allowed-media-domains",
+        nargs="*",
+        default=[],
+        help="the only hosts a media URL (and each of its redirects) may name (default: any)",
+    )
+
+
 def add_access_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--drain-seconds",

@@ -10,9 +10,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tritonllm.backend.embedding import EMBEDDING_MODEL_DIR_ENV
+from tritonllm.backend.media_prompt import ALLOWED_LOCAL_MEDIA_PATH_ENV, ALLOWED_MEDIA_DOMAINS_ENV
 from tritonllm.backend.model_parameters import EXCLUDE_INPUT_ENV, MODEL_DIR_ENV, TOOL_CALL_PARSER_ENV
 from tritonllm.backend.reranker import RERANK_MODEL_DIR_ENV
+from tritonllm.common.unsupported_model import UnsupportedModelError
 from tritonllm.engine.config import OVERRIDES_ENV
+from tritonllm.formats.multimodal_folder import media_kinds
 from tritonllm.launcher.defaults import LOOPBACK, OPTIONAL_MODELS
 from tritonllm.launcher.models_given import llms_of, model_formats
 from tritonllm.launcher.options import engine_overrides
@@ -49,6 +52,14 @@ def serve(args: argparse.Namespace) -> int:
         if gguf.is_gguf(llm.path):
             _progress(f"{llm.path.name}: dequantized once into a cached HF directory; quantized weights stay in blocks")
     model_dirs = [gguf.hf_model_dir(llm.path) for llm in llms]
+    try:
+        media = [media_kinds(folder) for folder in model_dirs]
+    except UnsupportedModelError as e:  # a multimodal family without an encoder here
+        _progress(f"cannot serve {model_dirs[0] if len(model_dirs) == 1 else 'these models'}: {e}")
+        return 2
+    if any(media[1:]):
+        _progress("a multimodal model is served as the first (or only) --model-dir, whose encoders load beside it")
+        return 2
     if len(llms) > 1:
         _progress(f"models: {', '.join(f'{llm.name} (Triton: {llm.triton.ensemble})' for llm in llms)}")
     # The shim's tool-call format (--no-shim needs none). Detecting it loads the tokenizer on a first start, seconds
@@ -74,7 +85,7 @@ def serve(args: argparse.Namespace) -> int:
         if args.no_shim:
             supervisor.wait()  # until Ctrl-C or SIGTERM; a server that dies is restarted meanwhile
             return 0
-        settings = _shim_settings(args, server, llms, [f.result() for f in formats], loras)
+        settings = _shim_settings(args, server, llms, [f.result() for f in formats], loras, model_dirs[0])
         _progress(f"shim on http://{args.host}:{args.shim_port} serving {[model.name for model in settings.llms()]}")
         run_shim(settings, args, args.shim_port, unavailable=lambda: supervisor.unavailable)
     except ServerError as e:
@@ -146,6 +157,10 @@ def _triton_server(args: argparse.Namespace, llms: list, model_dirs: list[Path],
         # several: each model's folder is in its config, and an exported $TRITONLLM_MODEL_DIR must not override it
         MODEL_DIR_ENV: "" if several else str(model_dirs[0]),
     }
+    if args.allowed_local_media_path:
+        env[ALLOWED_LOCAL_MEDIA_PATH_ENV] = str(Path(args.allowed_local_media_path.removeprefix("file://")).resolve())
+    if args.allowed_media_domains:
+        env[ALLOWED_MEDIA_DOMAINS_ENV] = ",".join(args.allowed_media_domains)
     if args.rerank_model_dir:
         env[RERANK_MODEL_DIR_ENV] = str(Path(args.rerank_model_dir).absolute())
     if args.embedding_model_dir:
@@ -160,7 +175,10 @@ def _triton_server(args: argparse.Namespace, llms: list, model_dirs: list[Path],
         llm_instances=args.llm_instances,
         decoupled=args.decoupled_mode == "true",
         without_models=("embedding",) if args.no_embedding else (),
-        extra_models=(OPTIONAL_MODELS / "reranker",) if args.rerank_model_dir else (),
+        extra_models=(
+            *((OPTIONAL_MODELS / "reranker",) if args.rerank_model_dir else ()),
+            *((OPTIONAL_MODELS / "multimodal_encoders",) if media_kinds(model_dirs[0]) else ()),
+        ),
         exit_timeout_s=args.drain_seconds,
         # several LLMs: each one's folder is written into its staged configs, and the models load on demand
         llms=[(llm.triton, folder) for llm, folder in zip(llms, model_dirs, strict=True)] if several else [],
@@ -169,11 +187,14 @@ def _triton_server(args: argparse.Namespace, llms: list, model_dirs: list[Path],
     )
 
 
-def _shim_settings(args: argparse.Namespace, server, llms: list, formats: list[tuple[str, str]], loras):
+def _shim_settings(
+    args: argparse.Namespace, server, llms: list, formats: list[tuple[str, str]], loras, first_dir: Path
+):
     """The shim's settings for the LLMs `serve` started, each with the formats detected from its chat template."""
     from tritonllm.shim.settings import ServedModel
 
     served = [ServedModel(llm.name, llm.triton, *found) for llm, found in zip(llms, formats, strict=True)]
+    media = tuple(sorted(media_kinds(first_dir)))
     for model in served:
         _progress(
             f"{model.name}: tool calls in the {model.tool_call_parser} format; "
@@ -188,6 +209,7 @@ def _shim_settings(args: argparse.Namespace, server, llms: list, formats: list[t
         rerank_model_name=rerank_name(args),
         tool_call_parser=first.tool_call_parser,
         reasoning_parser=first.reasoning_parser,
+        media=media,
         loras=loras,
         more_models=tuple(served[1:]),
         models_max=args.models_max,

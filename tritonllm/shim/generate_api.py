@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from tritonllm.common.request_parameters import INT32_MAX, UINT64_MAX
+from tritonllm.media.kinds import MAX_GENERATE_STREAM_IMAGES
 from tritonllm.shim.errors import APIError, json_body
 from tritonllm.shim.generation import STOP_STRING, Piece, generate, primed, until_disconnected
 from tritonllm.shim.settings import ShimSettings
@@ -48,10 +49,13 @@ class GenerateRequest(BaseModel):
     text_input: str | list[dict[str, Any]]
     parameters: Parameters = Field(default_factory=Parameters)
 
-    def generation_request(self) -> GenerationRequest:
+    def generation_request(self, media: tuple[str, ...] = ()) -> GenerationRequest:
+        """`media`: what the model takes beside text. A list text_input (text and image_url parts, the pages'
+        multimodal form) is one user turn, rendered by the model's chat template with its image in place."""
+        prompt: dict[str, Any] = {"text": self.text_input}
         if not isinstance(self.text_input, str):
-            raise APIError(400, "text_input as a list needs a multimodal model; this one takes a string", "text_input")
-        if not 0 < len(self.text_input) <= MAX_TEXT_CHARS:
+            prompt = {"messages": [{"role": "user", "content": self._parts(media)}], "add_generation_prompt": True}
+        elif not 0 < len(self.text_input) <= MAX_TEXT_CHARS:
             raise APIError(400, f"text_input must have 1 to {MAX_TEXT_CHARS} characters", "text_input")
         p = self.parameters
         # do_sample false, or not given with no sampling field set, decodes greedily.
@@ -60,7 +64,7 @@ class GenerateRequest(BaseModel):
         sample = p.do_sample if p.do_sample is not None else bool(fields & sampling_fields)
         request = GenerationRequest(
             max_tokens=p.max_new_tokens,
-            text=self.text_input,
+            **prompt,
             temperature=p.temperature if sample else 0.0,
             top_k=p.top_k if sample else None,
             top_p=p.top_p if sample else None,
@@ -73,6 +77,22 @@ class GenerateRequest(BaseModel):
         )
         return request  # its request id is the shim's own: a client's id could name (and stop) another's request
 
+    def _parts(self, media: tuple[str, ...]) -> list[dict[str, Any]]:
+        if "image" not in media:
+            raise APIError(400, "text_input as a list needs a multimodal model; this one takes a string", "text_input")
+        parts = self.text_input
+        for i, part in enumerate(parts):
+            if part.get("type") not in ("text", "image_url"):
+                raise APIError(400, f"text_input[{i}].type must be text or image_url", f"text_input[{i}].type")
+        images = [i for i, part in enumerate(parts) if part.get("type") == "image_url"]
+        if len(images) > MAX_GENERATE_STREAM_IMAGES:
+            field = f"text_input[{images[MAX_GENERATE_STREAM_IMAGES]}]"
+            raise APIError(400, f"{field}: at most {MAX_GENERATE_STREAM_IMAGES} image in a request", field)
+        chars = sum(len(str(part.get("text", ""))) for part in parts)
+        if chars > MAX_TEXT_CHARS:
+            raise APIError(400, f"text_input must have at most {MAX_TEXT_CHARS} characters", "text_input")
+        return parts
+
 
 GenerateBody = Annotated[GenerateRequest, Depends(json_body(GenerateRequest, open_to_extras=False))]
 
@@ -81,7 +101,8 @@ def build_router(settings: ShimSettings) -> APIRouter:
     router = APIRouter()
 
     def prepare(model: str, body: GenerateRequest) -> GenerationRequest:
-        return settings.served(model).onto(body.generation_request())
+        served = settings.served(model)
+        return served.onto(body.generation_request(served.settings.media))
 
     @router.post("/v2/models/{model}/generate_stream")
     async def generate_stream(request: Request, model: str, body: GenerateBody) -> StreamingResponse:

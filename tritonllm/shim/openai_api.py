@@ -56,8 +56,13 @@ def build_router(settings: ShimSettings) -> APIRouter:
         return JSONResponse(render.whole(choices))
 
     def cards() -> dict[str, dict]:
-        names = (*(model.name for model in settings.llms()), settings.embedding_model_name, settings.rerank_model_name)
+        """Each served model's card; an LLM's says what its prompts take (`input_modalities`, text first)."""
+        takes = {model.name: ["text", *model.media] for model in settings.llms()}
+        names = (*takes, settings.embedding_model_name, settings.rerank_model_name)
         own = [{"id": name, "object": "model", "created": settings.started, "owned_by": "tritonllm"} for name in names]
+        for card in own:
+            if card["id"] in takes:
+                card["input_modalities"] = takes[card["id"]]
         return {card["id"]: card for card in own + settings.loras.cards(settings.started) if card["id"] is not None}
 
     @router.get("/v1/models")

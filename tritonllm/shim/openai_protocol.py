@@ -130,6 +130,16 @@ class Prediction(BaseModel):
         return "".join(parts)
 
 
+TEXT_PARTS = frozenset({"text", "input_text"})
+
+
+def text_chars(content: str | list | None) -> int:
+    """The characters of a message's text, its media parts aside (the pages' size limit is on text)."""
+    if isinstance(content, list):
+        return sum(len(str(p.get("text", ""))) for p in content if isinstance(p, dict) and p.get("type") in TEXT_PARTS)
+    return len(content or "")
+
+
 class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
@@ -138,17 +148,19 @@ class ChatMessage(BaseModel):
     tool_call_id: str | None = None
     reasoning_content: str | None = None  # an assistant's thinking sent back (vLLM's name), for templates that show it
 
-    def rendered(self, index: int, where: str = "messages") -> dict:
-        """The message as the chat template takes it; errors name it as `where`.index."""
+    def rendered(self, index: int, where: str = "messages", media: tuple[str, ...] = ()) -> dict:
+        """The message as the chat template takes it; errors name it as `where`.index. `media`: what the model
+        takes beside text; content parts that carry media go on to preprocessing as they are, which reads them."""
         field = f"{where}.{index}.content"
         if self.role == "tool" and not self.tool_call_id:
             raise APIError(400, f"{where}.{index}.tool_call_id is required for tool messages", field)
         content = self.content
         if isinstance(content, list):
-            kinds = {part.get("type") for part in content}
-            if kinds - {"text"}:
-                raise APIError(400, f"{field}: this model takes text only, not {sorted(kinds - {'text'})}", field)
-            content = "".join(str(part.get("text", "")) for part in content)
+            kinds = {part.get("type") if isinstance(part, dict) else None for part in content} - TEXT_PARTS
+            if kinds and not media:
+                raise APIError(400, f"{field}: this model takes text only, not {sorted(map(str, kinds))}", field)
+            if not kinds:
+                content = "".join(str(part.get("text", "")) for part in content)
         if not content and not (self.role == "assistant" and self.tool_calls) and self.role != "tool":
             raise APIError(400, f"{field} must not be empty", field)
         # OpenAI's SDKs send instructions as "developer" for newer models; chat templates know them as "system".

@@ -127,7 +127,7 @@ class ResponsesRequest(VLLMFields):
             if kind == "message":
                 if item.get("role") not in ROLES:
                     raise APIError(400, f"input.{index}.role must be one of {list(ROLES)}", f"input.{index}.role")
-                content = _text(item.get("content"), f"input.{index}.content")
+                content = _content(item.get("content"), f"input.{index}.content")
                 if not content:
                     raise APIError(400, f"input.{index}.content must not be empty", f"input.{index}.content")
                 messages.append({"role": item["role"], "content": content})
@@ -154,6 +154,20 @@ class ResponsesRequest(VLLMFields):
         if fmt.schema_ is None or not fmt.name:
             raise APIError(400, "text.format json_schema needs a name and a schema", "text.format")
         return {"type": "json_schema", "json_schema": {"name": fmt.name, "schema": fmt.schema_, "strict": fmt.strict}}
+
+
+MEDIA_PARTS = frozenset({"input_image", "input_audio"})
+
+
+def _content(content: Any, field: str) -> str | list[dict]:
+    """A message's content: its text, or, where it holds images or audio, its parts as a chat message's (each
+    text part as `text`), for a multimodal model to read (a text model's chat refuses them, naming the part)."""
+    if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") in MEDIA_PARTS for p in content):
+        others = sorted({str(p.get("type")) for p in content if isinstance(p, dict)} - set(TEXT_PARTS) - MEDIA_PARTS)
+        if others or not all(isinstance(p, dict) for p in content):
+            raise APIError(400, f"{field}: parts are text, input_image or input_audio, not {others}", field)
+        return [p if p["type"] in MEDIA_PARTS else {"type": "text", "text": str(p.get("text", ""))} for p in content]
+    return _text(content, field)
 
 
 def _text(content: Any, field: str) -> str:

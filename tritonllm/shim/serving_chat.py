@@ -7,7 +7,7 @@ from typing import Any
 
 from tritonllm.shim.errors import APIError
 from tritonllm.shim.generation import Piece
-from tritonllm.shim.openai_protocol import ChatRequest
+from tritonllm.shim.openai_protocol import ChatRequest, text_chars
 from tritonllm.shim.serving_base import OPENAI_FINISH, Choice, Render, check_size, usage_of
 from tritonllm.shim.settings import ShimSettings
 from tritonllm.shim.triton_requests import GenerationRequest
@@ -19,8 +19,8 @@ from tritonllm.tokenizer.tool_calls import FORMATS, ToolCallParser
 def chat_generation(body: ChatRequest, settings: ShimSettings, where: str = "messages") -> GenerationRequest:
     """The ensemble request of a chat: its messages rendered, its tools and its guide; errors name `where`."""
     body.check()
-    messages = [m.rendered(i, where) for i, m in enumerate(body.messages)]
-    check_size(sum(len(m["content"]) for m in messages), where)
+    messages = [m.rendered(i, where, settings.media) for i, m in enumerate(body.messages)]
+    check_size(sum(text_chars(m["content"]) for m in messages), where)
     if body.top_logprobs and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
     prediction = body.prediction.text() if body.prediction else None

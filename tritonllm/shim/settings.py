@@ -24,6 +24,7 @@ class ServedModel:
     triton: TritonNames
     tool_call_parser: str = "json"
     reasoning_parser: str = "none"
+    media: tuple[str, ...] = ()  # the media its prompts may carry (image, audio, video); none: text only
 
 
 class Served(NamedTuple):
@@ -56,6 +57,8 @@ class ShimSettings:
     # How the model's thinking is told from its answer (tritonllm.tokenizer.reasoning.FORMATS, or "none": all of
     # it is content); `serve` detects it from the model.
     reasoning_parser: str = "none"
+    # the media the first LLM's prompts may carry (image, audio, video); `serve` reads them from its config
+    media: tuple[str, ...] = ()
     # thinking tokens a chat may spend before its closing tag is forced, unless it says max_thinking_tokens; -1: any
     reasoning_budget: int = -1
     # constrained decoding (response_format, forced tools, guided_*) from the first token, thinking included; by
@@ -87,7 +90,9 @@ class ShimSettings:
             object.__setattr__(self, "loras", LoraRegistry(self.served_model_name, self.lora_modules))
 
     def llms(self) -> list[ServedModel]:
-        first = ServedModel(self.served_model_name, TritonNames(), self.tool_call_parser, self.reasoning_parser)
+        first = ServedModel(
+            self.served_model_name, TritonNames(), self.tool_call_parser, self.reasoning_parser, self.media
+        )
         return [first, *self.more_models]
 
     def served(self, name: str) -> Served:
@@ -99,6 +104,7 @@ class ShimSettings:
                     served_model_name=model.name,
                     tool_call_parser=model.tool_call_parser,
                     reasoning_parser=model.reasoning_parser,
+                    media=model.media,
                 )
                 return Served(model, None, view)
         try:

@@ -37,6 +37,7 @@ from tritonllm.engine.lora import AdapterCache
 from tritonllm.engine.sequence import Speculation, samples_of
 from tritonllm.formats import gguf
 from tritonllm.formats.hf_folder import load_tokenizer
+from tritonllm.formats.multimodal_folder import language_model_dir
 from tritonllm.wire import multiplex
 
 log = logging.getLogger("tritonllm.llm")
@@ -45,7 +46,7 @@ log = logging.getLogger("tritonllm.llm")
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         params = ModelParameters(args)
-        model_dir = params.model_dir()
+        model_dir = language_model_dir(params.model_dir())  # a multimodal model's: its language model alone
         source = gguf.source_file(model_dir)
         values = {**params.values(), **environment_overrides()}
         config = EngineConfig.from_parameters(str(model_dir), values, gguf_file=str(source) if source else None)

@@ -1,9 +1,11 @@
-"""Triton adapter for backend/preprocessing.py: text or chat messages -> token ids and the llm's request tensors."""
+"""Triton adapter for backend/preprocessing.py: text or chat messages -> token ids and the llm's request tensors;
+a multimodal model's media go to the multimodal_encoders model (a BLS call) for their embedding rows."""
 
 from __future__ import annotations
 
 import logging
 
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from tritonllm.backend.model_parameters import ModelParameters
@@ -15,7 +17,20 @@ log = logging.getLogger("tritonllm.preprocessing")
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        self.preprocessor = Preprocessor(ModelParameters(args))
+        params = ModelParameters(args)
+        self.encoder_model = params.get("encoder_model", "multimodal_encoders")
+        self.preprocessor = Preprocessor(params, encode=self._encode)
+
+    def _encode(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        request = pb_utils.InferenceRequest(
+            model_name=self.encoder_model,
+            inputs=[pb_utils.Tensor(name, array) for name, array in inputs.items()],
+            requested_output_names=["OUT_PROMPT_EMBEDDING_TABLE"],
+        )
+        response = request.exec()
+        if response.has_error():
+            raise RuntimeError(f"{self.encoder_model}: {response.error().message()}")
+        return pb_utils.get_output_tensor_by_name(response, "OUT_PROMPT_EMBEDDING_TABLE").as_numpy()
 
     def execute(self, requests: list) -> list:
         return [self._one(request) for request in requests]

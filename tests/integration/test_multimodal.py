@@ -1,0 +1,100 @@
+"""Media in the prompt through the real tritonserver: the ensemble's chat with an image (or an audio clip) equals
+transformers' generate() on the same pixels (or samples), token for token, for each multimodal family
+(multimodal_models.py); two media under the same text never share KV blocks; a broken file is an error naming
+its part."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+from conftest import MODELS, PROJECT_ROOT, demo_model
+from multimodal_models import FAMILIES, IMAGE_FAMILIES, Reference, build_multimodal, png, wav
+from triton_helpers import Stream, tensor
+
+from tritonllm.backend.model_parameters import MODEL_DIR_ENV
+from tritonllm.launcher.tritonserver import TritonServer, free_ports
+
+ENCODERS = PROJECT_ROOT / "optional_models" / "multimodal_encoders"
+NEW_TOKENS = 8
+
+
+def chat(family: str, medium: bytes, text: str = "what is this") -> list:
+    encoded = base64.b64encode(medium).decode()
+    if family in IMAGE_FAMILIES:
+        part = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{encoded}"}}
+    else:
+        part = {"type": "input_audio", "input_audio": {"data": encoded, "format": "wav"}}
+    return [{"role": "user", "content": [part, {"type": "text", "text": text}]}]
+
+
+def medium(family: str, seed: int) -> bytes:
+    return png(seed) if family in IMAGE_FAMILIES else wav(seed)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def served(request, tmp_path_factory):
+    model_dir = build_multimodal(request.param, demo_model("tiny"), MODELS / "multimodal")
+    http, grpc, metrics = free_ports(3)
+    server = TritonServer(
+        PROJECT_ROOT / "model_repository",
+        http_port=http,
+        grpc_port=grpc,
+        metrics_port=metrics,
+        env={MODEL_DIR_ENV: str(model_dir)},
+        without_models=("embedding",),
+        extra_models=(ENCODERS,),
+        log_file=tmp_path_factory.mktemp("triton") / "tritonserver.log",
+    )
+    server.start(timeout=600)
+    yield request.param, server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(served):
+    oracle = Reference(MODELS / "multimodal" / served[0])
+    return lambda image, text="what is this": oracle.ids([image, text], NEW_TOKENS)
+
+
+def ask(server, messages: list) -> list[int]:
+    stream = Stream(server.grpc_url)
+    try:
+        stream.send(
+            "ensemble",
+            [
+                tensor("chat_messages", [[json.dumps(messages)]], "BYTES"),
+                tensor("max_tokens", [[NEW_TOKENS]], "INT32"),
+                tensor("stream", [[True]], "BOOL"),
+            ],
+        )
+        return [int(t) for r in stream.until_final(timeout=120) for t in r.as_numpy("output_ids").reshape(-1)]
+    finally:
+        stream.close()
+
+
+def test_chat_with_media_equals_transformers(served, reference):
+    family, server = served
+    clip = medium(family, 0)
+    assert ask(server, chat(family, clip)) == reference(clip)
+
+
+def test_same_text_other_media_shares_no_blocks(served, reference):
+    """The second request's prompt ids equal the first's (the media tokens are row places); only the rows'
+    digests in the blocks' names keep it from reusing the first medium's KV."""
+    family, server = served
+    first, second = medium(family, 1), medium(family, 2)
+    assert ask(server, chat(family, first)) == reference(first)
+    assert ask(server, chat(family, second)) == reference(second)
+    assert ask(server, chat(family, first)) == reference(first)  # and the first again, from its cached blocks
+
+
+def test_a_truncated_file_is_an_error_naming_its_part(served, reference):
+    family, server = served
+    broken = medium(family, 3)[:30]  # a PNG's signature and part of its header; a WAV's header cut short
+    part = "image_url" if family in IMAGE_FAMILIES else "input_audio"
+    with pytest.raises(Exception, match=rf"messages\[0\]\.content\[0\]\.{part}"):
+        ask(server, chat(family, broken))
+    clip = medium(family, 4)
+    assert ask(server, chat(family, clip)) == reference(clip)  # still serving

@@ -1,0 +1,198 @@
+"""Tiny random multimodal models, built locally (no hub) with their processors, for the exactness oracles: each
+a transformers model of the family with a small tower and the demo tokenizer's vocabulary plus its media tokens,
+so the text model is one the native decoder stack serves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from architectures import TINY_SIZES
+
+# the text families' tiny sizes (architectures.py), with room for a split image's tokens
+TEXT = {**TINY_SIZES, "max_position_embeddings": 1024, "tie_word_embeddings": False}
+
+# role-prefixed turns; each media part is its processor's placeholder, text parts as they are
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'].upper() }}: "
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
+    "{% if p['type'] == 'image' %}<image>{% elif p['type'] == 'audio' %}<|AUDIO|>{% else %}{{ p['text'] }}"
+    "{% endif %}{% endfor %}{% endif %}\n{% endfor %}{% if add_generation_prompt %}ASSISTANT:{% endif %}"
+)
+
+FAMILIES = ("llava", "idefics3", "qwen2_audio")
+IMAGE_FAMILIES = ("llava", "idefics3")
+
+
+def build_multimodal(family: str, tokenizer_dir: Path, out_dir: Path) -> Path:
+    """Writes a tiny random `family` model with its processor into out_dir/family (once)."""
+    target = out_dir / family
+    if (target / "config.json").exists():
+        return target
+    import torch
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(0)
+    build = {"llava": _llava, "idefics3": _idefics3, "qwen2_audio": _qwen2_audio}[family]
+    model, processor = build(transformers, tokenizer)
+    partial = out_dir / f"{family}.partial"
+    model.eval().save_pretrained(partial)
+    processor.save_pretrained(partial)
+    partial.replace(target)
+    return target
+
+
+def _text_config(transformers, tokenizer, kind: str = "LlamaConfig"):
+    return getattr(transformers, kind)(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **TEXT,
+    )
+
+
+def _llava(transformers, tokenizer):
+    """LLaVA 1.5: a CLIP tower (its second-to-last layer, the class token dropped), an MLP projector, Llama."""
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    vision = transformers.CLIPVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8
+    )
+    config = transformers.LlavaConfig(
+        text_config=_text_config(transformers, tokenizer),
+        vision_config=vision,
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+    )
+    images = CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    processor = transformers.LlavaProcessor(
+        image_processor=images,
+        tokenizer=tokenizer,
+        patch_size=8,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+        chat_template=CHAT_TEMPLATE,
+    )
+    return transformers.LlavaForConditionalGeneration(config), processor
+
+
+def _idefics3(transformers, tokenizer):
+    """Idefics3 (SmolVLM's architecture): a SigLIP-style tower on each crop of a split image, pixel shuffle, Llama."""
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    tokens = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"]
+    tokens += [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
+    tokenizer.add_special_tokens({"additional_special_tokens": tokens})
+    vision = transformers.Idefics3VisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8
+    )
+    config = transformers.Idefics3Config(
+        text_config=_text_config(transformers, tokenizer),
+        vision_config=vision,
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        scale_factor=2,
+    )
+    images = Idefics3ImageProcessorPil(
+        size={"longest_edge": 64}, max_image_size={"longest_edge": 32}, do_image_splitting=True
+    )
+    processor = transformers.Idefics3Processor(
+        image_processor=images, tokenizer=tokenizer, image_seq_len=4, chat_template=CHAT_TEMPLATE
+    )
+    return transformers.Idefics3ForConditionalGeneration(config), processor
+
+
+def _qwen2_audio(transformers, tokenizer):
+    """Qwen2-Audio: a Whisper-style encoder on 128 log-mel bins, pooled, a linear projector, Qwen2."""
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>"]})
+    audio = transformers.Qwen2AudioEncoderConfig(
+        d_model=32, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=64, num_mel_bins=128
+    )
+    config = transformers.Qwen2AudioConfig(
+        audio_config=audio,
+        text_config=_text_config(transformers, tokenizer, "Qwen2Config"),
+        audio_token_index=tokenizer.convert_tokens_to_ids("<|AUDIO|>"),
+    )
+    features = transformers.WhisperFeatureExtractor(feature_size=128)
+    processor = transformers.Qwen2AudioProcessor(
+        feature_extractor=features, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE, audio_token="<|AUDIO|>"
+    )
+    return transformers.Qwen2AudioForConditionalGeneration(config), processor
+
+
+def wav(seed: int, seconds: float = 1.0, rate: int = 16_000) -> bytes:
+    """A random 16-bit mono WAV clip."""
+    import io
+    import wave
+
+    import numpy as np
+
+    samples = (np.random.RandomState(seed).uniform(-0.5, 0.5, int(seconds * rate)) * 32767).astype("<i2")
+    out = io.BytesIO()
+    with wave.open(out, "wb") as clip:
+        clip.setnchannels(1)
+        clip.setsampwidth(2)
+        clip.setframerate(rate)
+        clip.writeframes(samples.tobytes())
+    return out.getvalue()
+
+
+def wav_samples(data: bytes):
+    """A 16-bit WAV's samples as float32 in [-1, 1): what any decoder gives for them."""
+    import io
+    import wave
+
+    import numpy as np
+
+    with wave.open(io.BytesIO(data)) as clip:
+        return np.frombuffer(clip.readframes(clip.getnframes()), dtype="<i2").astype(np.float32) / 32768
+
+
+def png(seed: int, size: tuple[int, int] = (40, 70)) -> bytes:
+    """A random RGB picture as PNG bytes."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.RandomState(seed).randint(0, 255, (*size, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "PNG")
+    return out.getvalue()
+
+
+class Reference:
+    """transformers' generate() on a multimodal model given the same pictures: the oracle."""
+
+    def __init__(self, model_dir: Path) -> None:
+        import transformers
+
+        audio = "qwen2_audio" in Path(model_dir).name
+        loader = transformers.Qwen2AudioForConditionalGeneration if audio else transformers.AutoModelForImageTextToText
+        self.model = loader.from_pretrained(model_dir).eval()
+        self.processor = transformers.AutoProcessor.from_pretrained(model_dir, backend="pil")
+
+    def ids(self, parts: list, max_new_tokens: int) -> list[int]:
+        """`parts`: the user turn's content in order, each a str (text) or bytes (an encoded picture, or a WAV
+        clip for an audio model)."""
+        import io
+
+        from PIL import Image
+
+        audio = hasattr(self.processor, "feature_extractor")
+        media = {"type": "audio" if audio else "image"}
+        content = [{"type": "text", "text": p} if isinstance(p, str) else media for p in parts]
+        prompt = self.processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
+        given = [p for p in parts if isinstance(p, bytes)]
+        if audio:
+            arguments = {"audio": [wav_samples(p) for p in given], "sampling_rate": 16_000}
+        else:
+            arguments = {"images": [Image.open(io.BytesIO(p)).convert("RGB") for p in given]}
+        inputs = self.processor(text=[prompt], return_tensors="pt", **arguments)
+        out = self.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+        return out[0, inputs["input_ids"].shape[1] :].tolist()
+
+    def text(self, parts: list, max_new_tokens: int) -> str:
+        return self.processor.tokenizer.decode(self.ids(parts, max_new_tokens), skip_special_tokens=True)

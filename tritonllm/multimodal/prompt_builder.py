@@ -1,0 +1,83 @@
+"""A chat with media -> its token ids and the encoders' inputs, through the model's own processor: the chat
+template renders each media part's placeholder, the processor expands it to as many tokens as the towers give
+rows (image splitting, audio length), and each of those tokens becomes an id from the vocabulary size on, the
+k-th one naming row k of the embedding table the encoders return (TensorRT-LLM's prompt-table convention)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tritonllm.formats.multimodal_folder import media_kinds, read_config, text_config
+from tritonllm.media import decode
+from tritonllm.media.errors import MediaError
+from tritonllm.media.fetch import MediaPolicy, fetch
+from tritonllm.media.kinds import KINDS
+from tritonllm.multimodal.content_parts import MediaPart
+from tritonllm.multimodal.families import ENCODER_INPUTS, FAMILIES, placeholder_ids
+
+VIDEO_FRAMES = 8
+
+
+@dataclass
+class MediaPrompt:
+    ids: list[int]  # placeholders as vocab_size + k
+    encoder_inputs: dict[str, np.ndarray]
+    media_tokens: int
+
+
+class PromptBuilder:
+    def __init__(self, model_dir: Path, policy: MediaPolicy) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from transformers import AutoProcessor  # noqa: PLC0415 - only a multimodal model's preprocessing needs it
+
+        config = read_config(model_dir)
+        self.kinds = media_kinds(model_dir)
+        self.family = FAMILIES[config["model_type"]]
+        # the PIL-based image processors: the torchvision ones need a torchvision this torch cannot load
+        self.processor = AutoProcessor.from_pretrained(model_dir, backend="pil")
+        self.placeholders = placeholder_ids(config, self.family)
+        self.vocab_size = int(text_config(config)["vocab_size"])
+        self.policy = policy
+
+    def build(self, messages: list, media: list[MediaPart], render: Callable[..., str]) -> MediaPrompt:
+        """`render(processor, messages)`: the chat as text, placeholders in place, as the request asks it."""
+        text = render(self.processor, messages)
+        loaded = {kind: [] for kind in KINDS}
+        for part in media:
+            loaded[part.kind].append(self._decoded(part))
+        arguments = {"images": loaded["image"] or None, "videos": loaded["video"] or None}
+        if loaded["audio"]:
+            arguments["audio"] = loaded["audio"]
+            arguments["sampling_rate"] = self.processor.feature_extractor.sampling_rate
+        try:
+            outputs = self.processor(text=[text], return_tensors="np", **arguments)
+        except (ValueError, TypeError) as e:  # a count of placeholders and media that disagree, a size it refuses
+            raise MediaError(
+                media[0].where if media else "messages", f"the model's processor refused the media: {e}"
+            ) from e
+        ids = [int(t) for t in np.asarray(outputs["input_ids"]).reshape(-1)]
+        rows = 0
+        for i, token in enumerate(ids):
+            if token in self.placeholders:
+                ids[i] = self.vocab_size + rows
+                rows += 1
+        inputs = {}
+        for name, (dtype, rank) in ENCODER_INPUTS.items():
+            if name in outputs:
+                array = np.asarray(outputs[name]).astype(dtype)
+                inputs[name] = array.reshape(-1, *array.shape[array.ndim - rank + 1 :])
+        inputs["media_tokens"] = np.array([rows], dtype=np.int32)
+        return MediaPrompt(ids, inputs, rows)
+
+    def _decoded(self, part: MediaPart):
+        data = fetch(part.reference, KINDS[part.kind], part.where, self.policy)
+        if part.kind == "image":
+            return decode.image(data, part.where)
+        if part.kind == "audio":
+            return decode.audio(data, part.where, self.processor.feature_extractor.sampling_rate)
+        return decode.video(data, part.where, VIDEO_FRAMES)
