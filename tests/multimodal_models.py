@@ -4,6 +4,7 @@ so the text model is one the native decoder stack serves."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from architectures import TINY_SIZES
@@ -11,16 +12,21 @@ from architectures import TINY_SIZES
 # the text families' tiny sizes (architectures.py), with room for a split image's tokens
 TEXT = {**TINY_SIZES, "max_position_embeddings": 1024, "tie_word_embeddings": False}
 
-# role-prefixed turns; each media part is its processor's placeholder, text parts as they are
-CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ m['role'].upper() }}: "
-    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
-    "{% if p['type'] == 'image' %}<image>{% elif p['type'] == 'audio' %}<|AUDIO|>{% else %}{{ p['text'] }}"
-    "{% endif %}{% endfor %}{% endif %}\n{% endfor %}{% if add_generation_prompt %}ASSISTANT:{% endif %}"
-)
 
-FAMILIES = ("llava", "idefics3", "qwen2_audio")
-IMAGE_FAMILIES = ("llava", "idefics3")
+def chat_template(image: str = "<image>", video: str = "<video>", audio: str = "<|AUDIO|>") -> str:
+    """Role-prefixed turns; each media part is the family's placeholder text, text parts as they are."""
+    return (
+        "{% for m in messages %}{{ m['role'].upper() }}: "
+        "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
+        f"{{% if p['type'] == 'image' %}}{image}{{% elif p['type'] == 'video' %}}{video}"
+        f"{{% elif p['type'] == 'audio' %}}{audio}{{% else %}}{{{{ p['text'] }}}}"
+        "{% endif %}{% endfor %}{% endif %}\n{% endfor %}{% if add_generation_prompt %}ASSISTANT:{% endif %}"
+    )
+
+
+CHAT_TEMPLATE = chat_template()
+FAMILIES = ("llava", "idefics3", "qwen2_audio", "qwen2_vl")
+IMAGE_FAMILIES = ("llava", "idefics3", "qwen2_vl")
 
 
 def build_multimodal(family: str, tokenizer_dir: Path, out_dir: Path) -> Path:
@@ -33,11 +39,16 @@ def build_multimodal(family: str, tokenizer_dir: Path, out_dir: Path) -> Path:
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
     torch.manual_seed(0)
-    build = {"llava": _llava, "idefics3": _idefics3, "qwen2_audio": _qwen2_audio}[family]
+    build = {"llava": _llava, "idefics3": _idefics3, "qwen2_audio": _qwen2_audio, "qwen2_vl": _qwen2_vl}[family]
     model, processor = build(transformers, tokenizer)
     partial = out_dir / f"{family}.partial"
     model.eval().save_pretrained(partial)
-    processor.save_pretrained(partial)
+    if isinstance(processor, tuple):  # parts saved one by one: transformers' processor would need torchvision
+        for part in processor[:-1]:
+            part.save_pretrained(partial)
+        (partial / "chat_template.jinja").write_text(processor[-1])
+    else:
+        processor.save_pretrained(partial)
     partial.replace(target)
     return target
 
@@ -122,6 +133,30 @@ def _qwen2_audio(transformers, tokenizer):
     return transformers.Qwen2AudioForConditionalGeneration(config), processor
 
 
+def _qwen2_vl(transformers, tokenizer):
+    """Qwen2-VL: a ViT on dynamic-resolution patches (two frames a temporal patch), 2x2 patches merged, Qwen2 with
+    M-RoPE (temporal, height and width positions for the media tokens)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tokens = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+    tokenizer.add_special_tokens({"additional_special_tokens": tokens})
+    text = _text_config(transformers, tokenizer, "Qwen2Config").to_dict()
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+    vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=4, mlp_ratio=2, patch_size=8, spatial_merge_size=2)
+    config = transformers.Qwen2VLConfig(
+        text_config={k: v for k, v in text.items() if k not in ("architectures", "model_type")},
+        vision_config=vision,
+        image_token_id=tokenizer.convert_tokens_to_ids("<|image_pad|>"),
+        video_token_id=tokenizer.convert_tokens_to_ids("<|video_pad|>"),
+        vision_start_token_id=tokenizer.convert_tokens_to_ids("<|vision_start|>"),
+    )
+    images = Qwen2VLImageProcessorPil(min_pixels=32 * 32, max_pixels=64 * 64, patch_size=8, merge_size=2)
+    template = chat_template(
+        "<|vision_start|><|image_pad|><|vision_end|>", "<|vision_start|><|video_pad|><|vision_end|>"
+    )
+    return transformers.Qwen2VLForConditionalGeneration(config), (images, tokenizer, template)
+
+
 def wav(seed: int, seconds: float = 1.0, rate: int = 16_000) -> bytes:
     """A random 16-bit mono WAV clip."""
     import io
@@ -163,33 +198,74 @@ def png(seed: int, size: tuple[int, int] = (40, 70)) -> bytes:
     return out.getvalue()
 
 
+@dataclass(frozen=True)
+class Video:
+    data: bytes  # an encoded video file
+
+
+def mp4(seed: int, frames: int = 6, size: int = 48) -> bytes:
+    """A short random MPEG-4 video."""
+    import io
+
+    import av
+    import numpy as np
+
+    out = io.BytesIO()
+    noise = np.random.RandomState(seed)
+    with av.open(out, "w", format="mp4") as container:
+        stream = container.add_stream("mpeg4", rate=10)
+        stream.width, stream.height, stream.pix_fmt = size, size, "yuv420p"
+        for _ in range(frames):
+            picture = noise.randint(0, 255, (size, size, 3), dtype=np.uint8)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(picture, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    return out.getvalue()
+
+
 class Reference:
     """transformers' generate() on a multimodal model given the same pictures: the oracle."""
 
     def __init__(self, model_dir: Path) -> None:
         import transformers
 
+        from tritonllm.multimodal.prompt_builder import load_processor
+
         audio = "qwen2_audio" in Path(model_dir).name
         loader = transformers.Qwen2AudioForConditionalGeneration if audio else transformers.AutoModelForImageTextToText
         self.model = loader.from_pretrained(model_dir).eval()
-        self.processor = transformers.AutoProcessor.from_pretrained(model_dir, backend="pil")
+        self.processor = load_processor(model_dir)
 
     def ids(self, parts: list, max_new_tokens: int) -> list[int]:
-        """`parts`: the user turn's content in order, each a str (text) or bytes (an encoded picture, or a WAV
-        clip for an audio model)."""
+        """`parts`: the user turn's content in order, each a str (text), bytes (an encoded picture, or a WAV clip
+        for an audio model) or a Video (its frames decoded as the server decodes them)."""
         import io
 
         from PIL import Image
 
+        from tritonllm.media import decode
+        from tritonllm.multimodal.prompt_builder import VIDEO_FRAMES
+
         audio = hasattr(self.processor, "feature_extractor")
-        media = {"type": "audio" if audio else "image"}
-        content = [{"type": "text", "text": p} if isinstance(p, str) else media for p in parts]
-        prompt = self.processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
-        given = [p for p in parts if isinstance(p, bytes)]
+
+        def kind(part) -> dict:
+            if isinstance(part, str):
+                return {"type": "text", "text": part}
+            return {"type": "video" if isinstance(part, Video) else "audio" if audio else "image"}
+
+        prompt = self.processor.apply_chat_template(
+            [{"role": "user", "content": [kind(p) for p in parts]}], add_generation_prompt=True
+        )
+        arguments: dict = {}
+        pictures = [p for p in parts if isinstance(p, bytes)]
+        videos = [decode.video(p.data, "video", VIDEO_FRAMES) for p in parts if isinstance(p, Video)]
         if audio:
-            arguments = {"audio": [wav_samples(p) for p in given], "sampling_rate": 16_000}
-        else:
-            arguments = {"images": [Image.open(io.BytesIO(p)).convert("RGB") for p in given]}
+            arguments = {"audio": [wav_samples(p) for p in pictures], "sampling_rate": 16_000}
+        elif pictures:
+            arguments["images"] = [Image.open(io.BytesIO(p)).convert("RGB") for p in pictures]
+        if videos:
+            arguments["videos"] = videos
         inputs = self.processor(text=[prompt], return_tensors="pt", **arguments)
         out = self.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
         return out[0, inputs["input_ids"].shape[1] :].tolist()

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import base64
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import MODELS, PROJECT_ROOT, demo_model
-from multimodal_models import FAMILIES, IMAGE_FAMILIES, Reference, build_multimodal, png, wav
+from multimodal_models import FAMILIES, IMAGE_FAMILIES, Reference, Video, build_multimodal, mp4, png, wav
 from triton_helpers import Stream, tensor
 
 from tritonllm.backend.model_parameters import MODEL_DIR_ENV
@@ -80,6 +81,22 @@ def test_chat_with_media_equals_transformers(served, reference):
     assert ask(server, chat(family, clip)) == reference(clip)
 
 
+def test_a_video_with_an_image_equals_transformers(served, reference):
+    """Qwen2-VL's video path: two frames a temporal patch, M-RoPE's temporal positions; the video's rows after
+    the image's though the video comes first in the prompt."""
+    family, server = served
+    if family != "qwen2_vl":
+        pytest.skip(f"{family} takes no video")  # the one video family here
+    clip, image = mp4(0), png(5)
+    parts = [
+        {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(clip).decode()}},
+        {"type": "text", "text": "and"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(image).decode()}},
+    ]
+    expected = Reference(MODELS / "multimodal" / family).ids([Video(clip), "and", image], NEW_TOKENS)
+    assert ask(server, [{"role": "user", "content": parts}]) == expected
+
+
 def test_same_text_other_media_shares_no_blocks(served, reference):
     """The second request's prompt ids equal the first's (the media tokens are row places); only the rows'
     digests in the blocks' names keep it from reusing the first medium's KV."""
@@ -88,6 +105,16 @@ def test_same_text_other_media_shares_no_blocks(served, reference):
     assert ask(server, chat(family, first)) == reference(first)
     assert ask(server, chat(family, second)) == reference(second)
     assert ask(server, chat(family, first)) == reference(first)  # and the first again, from its cached blocks
+
+
+def test_concurrent_requests_each_get_their_own_media(served, reference):
+    """Sent at once, the requests' media may be encoded together (multimodal_encoders' dynamic batching); each
+    answer is still its own medium's."""
+    family, server = served
+    clips = [medium(family, seed) for seed in range(20, 24)]
+    with ThreadPoolExecutor(len(clips)) as pool:
+        answers = list(pool.map(lambda clip: ask(server, chat(family, clip)), clips))
+    assert answers == [reference(clip) for clip in clips]
 
 
 def test_a_truncated_file_is_an_error_naming_its_part(served, reference):

@@ -38,10 +38,18 @@ def test_the_language_model_is_split_out_under_a_causal_lms_names():
     assert torch.equal(whole(input_ids=ids).logits, alone(input_ids=ids).logits)
 
 
+def test_m_rope_sections_move_out_of_the_rope_parameters():
+    folder = build_multimodal("qwen2_vl", demo_model("tiny"), MODELS / "multimodal")
+    text = json.loads((multimodal_folder.language_model_dir(folder) / "config.json").read_text())
+    assert (text["architectures"], text["model_type"]) == (["Qwen2ForCausalLM"], "qwen2")
+    assert text["mrope_section"] == [2, 3, 3]
+    assert text["rope_parameters"] == {"rope_type": "default", "rope_theta": 10000.0}
+
+
 def test_a_family_without_an_encoder_is_refused_by_name(tmp_path):
-    config = {"model_type": "qwen2_vl", "vision_config": {"depth": 2}, "text_config": {"model_type": "qwen2"}}
+    config = {"model_type": "qwen2_5_vl", "vision_config": {"depth": 2}, "text_config": {"model_type": "qwen2"}}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UnsupportedModelError, match="qwen2_vl is a multimodal family"):
+    with pytest.raises(UnsupportedModelError, match="qwen2_5_vl is a multimodal family"):
         multimodal_folder.language_model_dir(tmp_path)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +17,21 @@ from tritonllm.multimodal.content_parts import split_messages
 
 ALLOWED_LOCAL_MEDIA_PATH_ENV = "TRITONLLM_ALLOWED_LOCAL_MEDIA_PATH"
 ALLOWED_MEDIA_DOMAINS_ENV = "TRITONLLM_ALLOWED_MEDIA_DOMAINS"
+# the multimodal_encoders model's outputs: the rows, M-RoPE's positions ([3, 0] for other models), their delta
+ENCODER_OUTPUTS = ("OUT_PROMPT_EMBEDDING_TABLE", "OUT_MROPE_POSITIONS", "OUT_MROPE_POSITION_DELTAS")
 
-# encoder inputs (name -> array) -> the embedding rows [rows, hidden], float32
-Encode = Callable[[dict[str, np.ndarray]], np.ndarray]
+
+@dataclass(frozen=True)
+class MediaRows:
+    """What the encoders give for a prompt's media."""
+
+    rows: np.ndarray  # [rows, hidden] float32, row k for id vocab_size + k
+    rope_positions: np.ndarray | None = None  # M-RoPE's [3, prompt length] int32
+    rope_delta: int = 0  # a token past the prompt sits at its place + delta
+
+
+# encoder inputs (name -> array) -> what the multimodal_encoders model answers
+Encode = Callable[[dict[str, np.ndarray]], MediaRows]
 
 
 def media_policy(allowed_local_path: str = "", allowed_domains: str = "") -> MediaPolicy:
@@ -50,10 +63,10 @@ class MediaPrompts:
     def split(self, conversation: list) -> tuple[list, list]:
         return split_messages(conversation, self.kinds)
 
-    def ids_and_rows(self, conversation: list, media: list, render) -> tuple[list[int], np.ndarray]:
+    def ids_and_rows(self, conversation: list, media: list, render) -> tuple[list[int], MediaRows]:
         """The prompt's ids (media tokens from the vocabulary size on) and the embedding rows they name."""
         prompt = self.builder.build(conversation, media, render)
-        rows = self.encode(prompt.encoder_inputs)
-        if rows.shape[0] != prompt.media_tokens:
-            raise RuntimeError(f"the encoders gave {rows.shape[0]} rows for {prompt.media_tokens} media tokens")
-        return prompt.ids, rows
+        encoded = self.encode(prompt.encoder_inputs)
+        if encoded.rows.shape[0] != prompt.media_tokens:
+            raise RuntimeError(f"the encoders gave {encoded.rows.shape[0]} rows for {prompt.media_tokens} media tokens")
+        return prompt.ids, encoded

@@ -10,7 +10,7 @@ import numpy as np
 from jinja2 import TemplateError
 
 from tritonllm.backend import tensorrt_llm_face
-from tritonllm.backend.media_prompt import Encode, MediaPrompts, media_policy
+from tritonllm.backend.media_prompt import Encode, MediaPrompts, MediaRows, media_policy
 from tritonllm.backend.model_parameters import TOOL_CALL_PARSER_ENV, ModelParameters, json_list, json_object, strings
 from tritonllm.common.errors import RequestError
 from tritonllm.common.memory import release_free_memory
@@ -100,6 +100,7 @@ TOKENIZER_OUTPUTS = frozenset({"tokenizer_info", "tokenizer_snapshot"})
 
 
 NO_ROWS = np.zeros((1, 0, 0), dtype=np.float32)
+NO_ROPE_POSITIONS = np.zeros((1, 3, 0), dtype=np.int32)
 
 
 class Preprocessor:
@@ -148,6 +149,7 @@ class Preprocessor:
         if max_tokens < 1:
             raise RequestError("max_tokens", f"max_tokens must be >= 1, got {max_tokens}")
         ids, media_rows = self._tokenize(row, max_tokens if _bool(row, "max_tokens_must_fit", False) else None)
+        rope = None if media_rows is None else media_rows.rope_positions
         bad_words = self._word_list(row, "bad_words")
         stop_token_ids = [t for t in _ids(row, "stop_token_ids") if 0 <= t < len(self.tokenizer)]
         stop_words = self._word_list(row, "stop_words", [[t] for t in stop_token_ids])
@@ -182,7 +184,10 @@ class Preprocessor:
             # the request's, else the model's parameter (TensorRT-LLM's: false echoes the prompt)
             "exclude_input_in_output": np.array([[_bool(row, "exclude_input_in_output", self.exclude_input)]]),
             # the rows that the prompt's media tokens (ids from the vocabulary size on) name; none: [1, 0, 0]
-            "multimodal_embeddings": NO_ROWS if media_rows is None else media_rows[None],
+            "multimodal_embeddings": NO_ROWS if media_rows is None else media_rows.rows[None],
+            # an M-RoPE model's: each prompt token's three rotary positions, and the offset of those after it
+            "mrope_positions": NO_ROPE_POSITIONS if rope is None else rope[None].astype(np.int32),
+            "mrope_position_deltas": np.array([[0 if media_rows is None else media_rows.rope_delta]], dtype=np.int32),
         }
 
     def _thinking_tags(self, row, ids: list[int]) -> tuple[list[int], list[int]]:
@@ -259,7 +264,7 @@ class Preprocessor:
             raise RequestError("chat_messages", f"the chat template could not render chat_messages: {e}") from e
         return list(encoded["input_ids"])
 
-    def _chat(self, row, conversation: list, tools: list | None) -> tuple[list[int], np.ndarray | None]:
+    def _chat(self, row, conversation: list, tools: list | None) -> tuple[list[int], MediaRows | None]:
         """A chat's ids, and the embedding rows of its media when it has any."""
         media = []
         if self.media is not None:
@@ -270,7 +275,7 @@ class Preprocessor:
             raise RequestError("truncate_prompt", "truncate_prompt would cut a prompt with media; send it without")
         return self.media.ids_and_rows(conversation, media, lambda processor, c: self._render(row, c, tools, processor))
 
-    def _tokenize(self, row, output_tokens: int | None) -> tuple[list[int], np.ndarray | None]:
+    def _tokenize(self, row, output_tokens: int | None) -> tuple[list[int], MediaRows | None]:
         """The prompt's ids (and its media's embedding rows); `output_tokens` (max_tokens_must_fit): they must fit
         in the context after it."""
         media_rows = None

@@ -59,7 +59,14 @@ def split_rows(inputs: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
 
 # preprocessing's outputs that are lists of ids per prompt: padded to the longest, as TensorRT-LLM pads a batch
 WORD_LISTS = ("bad_words_list", "stop_words_list")
-ONE_PROMPT_ONLY = ("prediction_ids", "thinking_start_ids", "thinking_end_ids", "token_strs", "multimodal_embeddings")
+ONE_PROMPT_ONLY = (
+    "prediction_ids",
+    "thinking_start_ids",
+    "thinking_end_ids",
+    "token_strs",
+    "multimodal_embeddings",
+    "mrope_positions",
+)
 
 
 def stacked(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

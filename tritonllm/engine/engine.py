@@ -87,6 +87,8 @@ class LLMEngine:
 
     def add(self, seq: Sequence) -> None:
         self.validate(seq.prompt_ids, 0 if seq.prompt_table is None else len(seq.prompt_table))
+        if seq.rope_positions is not None and self.runner.mrope_section is None:
+            raise RequestError("mrope_positions", "mrope_positions: this model's rotary positions are one a token")
         if seq.adapter is not None and self.runner.lora is None:
             raise RequestError("lora_task_id", lora.UNAVAILABLE)
         p = seq.params

@@ -16,6 +16,7 @@ import torch
 from tritonllm.common.errors import RequestError
 from tritonllm.common.request_parameters import EARLY_STOPPING, TensorLookup, read, scalar
 from tritonllm.engine.sampling_params import NO_END_ID, SamplingParams
+from tritonllm.engine.sequence import RopePositions
 from tritonllm.engine.thinking_block import ThinkingBlock
 from tritonllm.tokenizer.word_lists import decode_word_list
 
@@ -38,6 +39,7 @@ class ParsedRequest:
     prediction: list[int]  # Predicted Outputs: ids the answer is expected to repeat, drafted from
     exclude_input: bool = True  # false: a non-streaming response's output_ids start with the prompt (TensorRT-LLM)
     perf_metrics: bool = False  # TensorRT-LLM's return_perf_metrics: KV blocks, timings, drafts in the last response
+    rope_positions: RopePositions | None = None  # M-RoPE's, for a Qwen2-VL prompt with media
 
 
 def is_stop_request(get: TensorLookup) -> bool:
@@ -61,8 +63,9 @@ def parse(get: TensorLookup, vocab_size: int, triton_timeout_us: int = 0, hidden
     if params.beam_width > 1:
         samples = params.beam_width if samples is None else samples
         _check_beam_search(params, samples, drafts, read(get, "temperature"))
+    prompt = _prompt(get)
     return ParsedRequest(
-        _prompt(get),
+        prompt,
         params,
         read(get, "streaming"),
         read(get, "priority"),
@@ -78,6 +81,7 @@ def parse(get: TensorLookup, vocab_size: int, triton_timeout_us: int = 0, hidden
         _token_ids(get, "prediction_ids", vocab_size),
         bool(scalar(get, "exclude_input_in_output", True)),
         bool(scalar(get, "return_perf_metrics", False)),
+        _rope_positions(get, len(prompt)),
     )
 
 
@@ -147,6 +151,19 @@ def _prompt_table(get: TensorLookup, hidden_size: int) -> torch.Tensor | None:
     size = rows.shape[0] if size is None else size
     _check("prompt_vocab_size", size, 0 < size <= rows.shape[0], f"in [1, {rows.shape[0]}] (the table's rows)")
     return torch.from_numpy(rows[:size].astype(np.float32))
+
+
+def _rope_positions(get: TensorLookup, prompt_length: int) -> RopePositions | None:
+    """M-RoPE's positions, [1, 3, prompt length], and the delta of the tokens after the prompt."""
+    positions, delta = get("mrope_positions"), get("mrope_position_deltas")
+    if positions is None or not positions.size:
+        return None
+    if positions.reshape(-1).size != 3 * prompt_length:
+        raise RequestError(
+            "mrope_positions", f"mrope_positions must be [1, 3, {prompt_length}] (three per prompt token)"
+        )
+    delta = 0 if delta is None else int(delta.reshape(-1)[0])
+    return RopePositions(torch.from_numpy(positions.reshape(3, prompt_length).astype(np.int64)), delta)
 
 
 def _drafts(get: TensorLookup, vocab_size: int) -> tuple[list[int], torch.Tensor | None]:

@@ -32,6 +32,9 @@ ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
 LENGTH_DEPENDENT_ROPE = frozenset({"dynamic", "longrope"})
 # transformers' defaults for these architectures where config.json leaves a field out
 DEFAULTS = {"rms_norm_eps": 1e-6, "hidden_act": "silu", "tie_word_embeddings": False, "pretraining_tp": 1}
+# not transformers': a multimodal Qwen2-VL's M-RoPE sections, which formats/multimodal_folder.py writes into its
+# language model's config (transformers' Qwen2 has no M-RoPE, and that config's text prompts need none)
+DEFAULTS["mrope_section"] = None
 
 
 class ModelConfig(SimpleNamespace):
@@ -85,13 +88,20 @@ class RMSNorm(torch.nn.Module):
 class RotaryEmbedding(torch.nn.Module):
     """cos and sin of each position, from the frequencies and scaling transformers' rope function gave."""
 
-    def __init__(self, inv_freq: torch.Tensor, attention_scaling: float) -> None:
+    def __init__(
+        self, inv_freq: torch.Tensor, attention_scaling: float, mrope_section: list[int] | None = None
+    ) -> None:
         super().__init__()
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self.attention_scaling = attention_scaling
+        # M-RoPE (Qwen2-VL): the frequencies split in sections turned by the temporal, height and width positions
+        self.mrope_section = mrope_section
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """position_ids [B, T]; or, with mrope_section, [3, B, T] (a token's three positions; a text token's equal)."""
         freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
+        if position_ids.dim() == 3:
+            freqs = torch.cat([part[i % 3] for i, part in enumerate(freqs.split(self.mrope_section, dim=-1))], dim=-1)
         emb = torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
 

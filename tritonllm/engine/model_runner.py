@@ -119,13 +119,21 @@ class ModelRunner:
         self.transformers = config is None
         reference = None  # not kept: transformers' logits on the probe are 8 MB on SmolLM2
         if config is None:
+            own = llama_model.ModelConfig.read(Path(model_dir))
+            if own.mrope_section:
+                why = llama_model.why_not(own, Path(model_dir))
+                raise UnsupportedModelError(
+                    f"{model_dir}: M-RoPE is served on the engine's Llama-family build, not {why}"
+                )
             self.model = _transformers_model(model_dir, self.dtype).to(self.device)
             config = self.model.config
         self.shape = ModelShape.of(config)
+        # M-RoPE's frequency sections (a multimodal Qwen2-VL's language model), else None
+        self.mrope_section = None if self.transformers else config.mrope_section
         if not self.transformers:
             model_check.check_config(config)
             reference = reference_logits.reference(Path(model_dir), model_check.probe_ids(self), gguf_file)
-            rotary = llama_model.RotaryEmbedding(reference.inv_freq, reference.attention_scaling)
+            rotary = llama_model.RotaryEmbedding(reference.inv_freq, reference.attention_scaling, self.mrope_section)
             self.model = llama_model.LlamaModel.load(Path(model_dir), config, rotary)
         self.quantized_layers = 0
         self.lora = None
@@ -235,7 +243,10 @@ class ModelRunner:
         native = self._native_serves(chunks, probe)
         step = Step(
             inputs=self._inputs(chunks, input_ids),
-            position_ids=torch.tensor([positions], device=dev),
+            # [1, T]; M-RoPE's [3, 1, T] where a sequence has them
+            position_ids=torch.tensor(
+                [positions] if rows.rope_rows is None else [[r] for r in rows.rope_rows], device=dev
+            ),
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             groups=[] if native else step_packing.attention_groups(chunks, self._kv_layout(), self.native_decode),
             logits_to_keep=torch.tensor(keep or [0], device=dev),

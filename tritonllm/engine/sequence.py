@@ -97,6 +97,21 @@ class FinishReason(str, Enum):
     ERROR = "error"  # the engine failed while serving it
 
 
+@dataclass(frozen=True)
+class RopePositions:
+    """M-RoPE (Qwen2-VL): each prompt token's (temporal, height, width) rotary positions; a token past the prompt
+    sits at its index + `delta` on all three (the media tokens take fewer positions than places)."""
+
+    prompt: torch.Tensor  # [3, prompt length], long
+    delta: int
+
+    def of(self, start: int, count: int) -> list[list[int]]:
+        """The three rotary positions of the tokens at places start .. start + count - 1."""
+        known = self.prompt[:, start : start + count].tolist()
+        beyond = list(range(max(start, self.prompt.shape[1]) + self.delta, start + count + self.delta))
+        return [row + beyond for row in known]
+
+
 @dataclass(eq=False)
 class Sequence:
     """One request's sample (or one live beam): what it is fed, where its KV blocks are, how it is scheduled;
@@ -120,6 +135,7 @@ class Sequence:
     # P-tuning: prompt ids from the vocabulary size on select rows of this [rows, hidden] table.
     prompt_table: torch.Tensor | None = None
     prompt_row_digests: list[bytes] | None = None  # each table row's, for prefix caching (block_manager.py)
+    rope_positions: RopePositions | None = None  # M-RoPE's, for a prompt with media; None: each token's place
     adapter: Adapter | None = None  # LoRA
     beam: BeamGroup | None = None  # the search this sequence is a live beam of
     grammar: Grammar | None = None  # constrains which tokens may come next
@@ -191,6 +207,7 @@ class Sequence:
             deadline=self.deadline,
             prompt_table=self.prompt_table,
             prompt_row_digests=self.prompt_row_digests,
+            rope_positions=self.rope_positions,
             adapter=self.adapter,
             beam=self.beam,
             timing=Timing(self.timing.arrival_time, self.timing.first_scheduled_time, self.timing.first_token_time),

@@ -45,6 +45,8 @@ class PackedRows:
 
     input_ids: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
+    # M-RoPE's three rows of rotary positions, where a chunk's sequence has them (the others' places thrice)
+    rope_rows: list[list[int]] | None = None
     slots: list[int] = field(default_factory=list)
     sample_rows: list[int] = field(default_factory=list)  # a row for each chunk that samples, and for each draft
     context_rows: dict[int, list[int]] = field(default_factory=dict)  # by chunk: the prompt positions to record
@@ -52,12 +54,19 @@ class PackedRows:
 
 def rows_of(chunks: list[ScheduledChunk], blocks: BlockManager) -> PackedRows:
     rows = PackedRows()
+    if any(c.seq.rope_positions is not None for c in chunks):
+        rows.rope_rows = [[], [], []]
     for index, chunk in enumerate(chunks):
         seq, start = chunk.seq, chunk.seq.num_computed
         end = start + chunk.num_tokens
         offset = len(rows.input_ids)
         rows.input_ids.extend(chunk.fed_tokens)
         rows.positions.extend(range(start, start + chunk.num_fed))
+        if rows.rope_rows is not None:
+            places = list(range(start, start + chunk.num_fed))
+            three = seq.rope_positions.of(start, chunk.num_fed) if seq.rope_positions else [places] * 3
+            for row, more in zip(rows.rope_rows, three, strict=True):
+                row.extend(more)
         rows.slots.extend(blocks.slot(seq, p) for p in range(start, start + chunk.num_fed))
         if seq.params.wants_prompt_logits:
             wanted = range(max(start, seq.recorded.prompt_positions_seen), min(end, seq.num_prompt_tokens))

@@ -29,6 +29,7 @@ class Layout:
     text_prefixes: tuple[str, ...]  # prefixes of the language model's decoder tensors -> "model."
     head_prefixes: tuple[str, ...]  # prefixes of its output layer -> "lm_head."
     media: frozenset[str]  # the media kinds the family's encoders take
+    tower_prefixes: tuple[str, ...] = ()  # the towers' tensors where a text prefix would take them too
 
 
 _LEGACY_AND_V5 = dict(
@@ -40,8 +41,21 @@ LAYOUTS = {
     "idefics3": Layout(("model.text_model.",), ("lm_head.",), frozenset({"image"})),
     "smolvlm": Layout(("model.text_model.",), ("lm_head.",), frozenset({"image"})),
     "qwen2_audio": Layout(**_LEGACY_AND_V5, media=frozenset({"audio"})),
+    "qwen2_vl": Layout(
+        ("model.language_model.", "model."),
+        ("lm_head.",),
+        frozenset({"image", "video"}),
+        tower_prefixes=("model.visual.",),
+    ),
 }
-TEXT_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+# a language model's model_type -> the causal LM served for it, under its own type
+TEXT_ARCHITECTURES = {
+    "llama": ("LlamaForCausalLM", "llama"),
+    "mistral": ("MistralForCausalLM", "mistral"),
+    "qwen2": ("Qwen2ForCausalLM", "qwen2"),
+    # Qwen2 with M-RoPE: the same tensors; the rope sections kept as mrope_section, which the engine applies
+    "qwen2_vl_text": ("Qwen2ForCausalLM", "qwen2"),
+}
 
 
 def read_config(model_dir: Path) -> dict:
@@ -114,9 +128,16 @@ def _derive(model_dir: Path, config: dict, family: Layout, target: Path) -> None
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     text = dict(text_config(config))
-    text.setdefault("model_type", "llama")
-    text["architectures"] = [TEXT_ARCHITECTURES[text["model_type"]]]
+    architecture, text["model_type"] = TEXT_ARCHITECTURES[text.get("model_type", "llama")]
+    text["architectures"] = [architecture]
     text.setdefault("tie_word_embeddings", config.get("tie_word_embeddings", False))
+    rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
+    if "mrope_section" in rope:
+        text["mrope_section"] = rope.pop("mrope_section")
+        rope["rope_type"] = "default" if rope.get("rope_type") in (None, "mrope") else rope["rope_type"]
+        rope.pop("type", None)
+        text["rope_parameters"] = rope
+        text.pop("rope_scaling", None)
     (partial / "config.json").write_text(json.dumps(text, indent=2))
     tensors = {}
     for weights in sorted(model_dir.glob("*.safetensors")):
@@ -138,6 +159,8 @@ def _derive(model_dir: Path, config: dict, family: Layout, target: Path) -> None
 
 
 def _renamed(name: str, family: Layout) -> str | None:
+    if name.startswith(family.tower_prefixes):
+        return None
     for prefix in family.text_prefixes:
         if name.startswith(prefix):
             return "model." + name[len(prefix) :]

@@ -157,6 +157,7 @@ class TritonPythonModel:
             request_id=request.request_id(),
             priority=parsed.priority,
             prompt_table=table,
+            rope_positions=parsed.rope_positions,
             adapter=self._adapter(get),
             speculation=Speculation(parsed.draft_tokens, parsed.draft_logits, prediction=parsed.prediction),
             deadline=None if parsed.timeout_s is None else time.monotonic() + parsed.timeout_s,

@@ -8,6 +8,7 @@ import logging
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from tritonllm.backend.media_prompt import ENCODER_OUTPUTS, MediaRows
 from tritonllm.backend.model_parameters import ModelParameters
 from tritonllm.backend.preprocessing import TOKENIZER_OUTPUTS, Preprocessor
 from tritonllm.common import errors
@@ -21,16 +22,19 @@ class TritonPythonModel:
         self.encoder_model = params.get("encoder_model", "multimodal_encoders")
         self.preprocessor = Preprocessor(params, encode=self._encode)
 
-    def _encode(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    def _encode(self, inputs: dict[str, np.ndarray]) -> MediaRows:
         request = pb_utils.InferenceRequest(
             model_name=self.encoder_model,
-            inputs=[pb_utils.Tensor(name, array) for name, array in inputs.items()],
-            requested_output_names=["OUT_PROMPT_EMBEDDING_TABLE"],
+            inputs=[pb_utils.Tensor(name, array[None]) for name, array in inputs.items()],  # a batch of one
+            requested_output_names=list(ENCODER_OUTPUTS),
         )
         response = request.exec()
         if response.has_error():
             raise RuntimeError(f"{self.encoder_model}: {response.error().message()}")
-        return pb_utils.get_output_tensor_by_name(response, "OUT_PROMPT_EMBEDDING_TABLE").as_numpy()
+        rows, positions, delta = (
+            pb_utils.get_output_tensor_by_name(response, n).as_numpy()[0] for n in ENCODER_OUTPUTS
+        )
+        return MediaRows(rows, positions if positions.size else None, int(delta.reshape(-1)[0]))
 
     def execute(self, requests: list) -> list:
         return [self._one(request) for request in requests]
