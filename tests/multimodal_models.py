@@ -26,6 +26,12 @@ def chat_template(image: str = "<image>", video: str = "<video>", audio: str = "
 
 CHAT_TEMPLATE = chat_template()
 FAMILIES = ("llava", "idefics3", "qwen2_audio", "qwen2_vl")
+# the text an image part is in each family's prompt, as TensorRT-LLM's clients write it into text_input
+IMAGE_PLACEHOLDERS = {
+    "llava": "<image>",
+    "idefics3": "<image>",
+    "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+}
 IMAGE_FAMILIES = ("llava", "idefics3", "qwen2_vl")
 
 
@@ -267,6 +273,17 @@ class Reference:
         if videos:
             arguments["videos"] = videos
         inputs = self.processor(text=[prompt], return_tensors="pt", **arguments)
+        out = self.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+        return out[0, inputs["input_ids"].shape[1] :].tolist()
+
+    def raw_ids(self, prompt: str, pictures: list[bytes], max_new_tokens: int) -> list[int]:
+        """A prompt as written, its image placeholders in it (TensorRT-LLM's clients' way), and its pictures."""
+        import io
+
+        from PIL import Image
+
+        images = [Image.open(io.BytesIO(p)).convert("RGB") for p in pictures]
+        inputs = self.processor(text=[prompt], images=images, return_tensors="pt")
         out = self.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
         return out[0, inputs["input_ids"].shape[1] :].tolist()
 

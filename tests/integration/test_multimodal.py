@@ -9,9 +9,21 @@ import base64
 import json
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 from conftest import MODELS, PROJECT_ROOT, demo_model
-from multimodal_models import FAMILIES, IMAGE_FAMILIES, Reference, Video, build_multimodal, mp4, png, wav
+from multimodal_models import (
+    FAMILIES,
+    IMAGE_FAMILIES,
+    IMAGE_PLACEHOLDERS,
+    Reference,
+    Video,
+    build_multimodal,
+    mp4,
+    png,
+    wav,
+)
 from triton_helpers import Stream, tensor
 
 from tritonllm.backend.model_parameters import MODEL_DIR_ENV
@@ -105,6 +117,41 @@ def test_same_text_other_media_shares_no_blocks(served, reference):
     assert ask(server, chat(family, first)) == reference(first)
     assert ask(server, chat(family, second)) == reference(second)
     assert ask(server, chat(family, first)) == reference(first)  # and the first again, from its cached blocks
+
+
+@pytest.mark.parametrize("given", ["image_url_input", "image_bytes_input"])
+def test_tensorrt_llm_image_inputs_beside_a_text_input(served, given):
+    """TensorRT-LLM's multimodal ensemble inputs: the prompt as the client writes it, placeholders in it."""
+    import io
+
+    from PIL import Image
+
+    family, server = served
+    if family not in IMAGE_FAMILIES:
+        pytest.skip(f"{family} takes no images")
+    image = png(30)
+    prompt = f"USER: {IMAGE_PLACEHOLDERS[family]}what is this\nASSISTANT:"
+    if given == "image_url_input":
+        media = tensor(given, [["data:image/png;base64," + base64.b64encode(image).decode()]], "BYTES")
+    else:
+        pixels = np.asarray(Image.open(io.BytesIO(image)).convert("RGB"))[None, None]  # [batch, images, H, W, 3]
+        media = grpcclient.InferInput(given, list(pixels.shape), "UINT8")
+        media.set_data_from_numpy(pixels)
+    stream = Stream(server.grpc_url)
+    try:
+        stream.send(
+            "ensemble",
+            [
+                tensor("text_input", [[prompt]], "BYTES"),
+                media,
+                tensor("max_tokens", [[NEW_TOKENS]], "INT32"),
+                tensor("stream", [[True]], "BOOL"),
+            ],
+        )
+        got = [int(t) for r in stream.until_final(timeout=120) for t in r.as_numpy("output_ids").reshape(-1)]
+    finally:
+        stream.close()
+    assert got == Reference(MODELS / "multimodal" / family).raw_ids(prompt, [image], NEW_TOKENS)
 
 
 def test_concurrent_requests_each_get_their_own_media(served, reference):

@@ -13,7 +13,7 @@ import numpy as np
 
 from tritonllm.formats.multimodal_folder import media_kinds
 from tritonllm.media.fetch import MediaPolicy
-from tritonllm.multimodal.content_parts import split_messages
+from tritonllm.multimodal.content_parts import split_messages, tensor_images
 
 ALLOWED_LOCAL_MEDIA_PATH_ENV = "TRITONLLM_ALLOWED_LOCAL_MEDIA_PATH"
 ALLOWED_MEDIA_DOMAINS_ENV = "TRITONLLM_ALLOWED_MEDIA_DOMAINS"
@@ -59,6 +59,10 @@ class MediaPrompts:
         if encode is None:
             raise RuntimeError(f"{model_dir} is a multimodal model, but preprocessing was given no encoder to call")
         return cls(model_dir, policy, encode)
+
+    def images_of(self, urls: list[str], pixels: np.ndarray | None) -> list:
+        """TensorRT-LLM's image_url_input and image_bytes_input as media parts."""
+        return tensor_images(urls, pixels)
 
     def split(self, conversation: list) -> tuple[list, list]:
         return split_messages(conversation, self.kinds)

@@ -275,6 +275,18 @@ class Preprocessor:
             raise RequestError("truncate_prompt", "truncate_prompt would cut a prompt with media; send it without")
         return self.media.ids_and_rows(conversation, media, lambda processor, c: self._render(row, c, tools, processor))
 
+    def _tensor_images(self, row) -> list:
+        """TensorRT-LLM's image inputs beside a text_input: image_url_input, image_bytes_input."""
+        urls, pixels = self._words(row, "image_url_input"), _tensor(row, "image_bytes_input")
+        if pixels is not None:
+            pixels = pixels.reshape(-1, *pixels.shape[-3:]) if pixels.size else None
+        if not urls and pixels is None:
+            return []
+        if self.media is None or "image" not in self.media.kinds:
+            field = "image_url_input" if urls else "image_bytes_input"
+            raise RequestError(field, f"{field}: this model takes text only")
+        return self.media.images_of(urls, pixels)
+
     def _tokenize(self, row, output_tokens: int | None) -> tuple[list[int], MediaRows | None]:
         """The prompt's ids (and its media's embedding rows); `output_tokens` (max_tokens_must_fit): they must fit
         in the context after it."""
@@ -295,7 +307,11 @@ class Preprocessor:
             if text is None:
                 raise RequestError("text_input", "text_input (or chat_messages, or prompt_token_ids) is required")
             raw = _bool(row, "use_raw_prompt", False)  # exactly the text: no special tokens added
-            ids = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens and not raw)
+            images = self._tensor_images(row)
+            if images:  # the text holds the model's image placeholders, as TensorRT-LLM's clients write them
+                ids, media_rows = self.media.ids_and_rows([], images, lambda processor, _: text)
+            else:
+                ids = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens and not raw)
         if not ids:
             raise RequestError("text_input", "text_input is empty after tokenization")
         if len(ids) > self.max_prompt_tokens:

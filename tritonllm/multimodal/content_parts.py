@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from tritonllm.media.errors import MediaError
 from tritonllm.media.kinds import MAX_PARTS
 
@@ -20,11 +22,29 @@ PART_KINDS = {
 TEXT_TYPES = frozenset({"text", "input_text"})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class MediaPart:
     kind: str  # image, video, audio
     reference: str  # a URL, a data URL, bare base64 or a server path
     where: str  # the part's place in the request, for errors
+    pixels: np.ndarray | None = None  # an image sent as its RGB pixels (TensorRT-LLM's image_bytes_input), not a file
+
+
+def tensor_images(urls: list[str], pixels: np.ndarray | None) -> list[MediaPart]:
+    """TensorRT-LLM's ensemble inputs: `image_url_input` (each a URL, a data URL or a server path) or
+    `image_bytes_input` ([images, 3, H, W] or [images, H, W, 3] uint8 RGB pixels)."""
+    media = [MediaPart("image", url, f"image_url_input[{i}]") for i, url in enumerate(urls)]
+    if pixels is not None:
+        for i, image in enumerate(pixels):
+            where = f"image_bytes_input[{i}]"
+            if image.ndim != 3 or 3 not in (image.shape[0], image.shape[-1]) or image.dtype != np.uint8:
+                raise MediaError(where, f"{where} must be [3, H, W] or [H, W, 3] uint8 RGB pixels, got {image.shape}")
+            media.append(MediaPart("image", "", where, image if image.shape[-1] == 3 else image.transpose(1, 2, 0)))
+    if len(media) > MAX_PARTS:
+        raise MediaError(
+            media[MAX_PARTS].where, f"at most {MAX_PARTS} images in one request, this one has {len(media)}"
+        )
+    return media
 
 
 def split_messages(messages: list, kinds: frozenset[str], where: str = "messages") -> tuple[list, list[MediaPart]]:

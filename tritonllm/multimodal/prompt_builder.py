@@ -78,6 +78,10 @@ class PromptBuilder:
         return MediaPrompt(ids, inputs, rows)
 
     def _decoded(self, part: MediaPart):
+        if part.pixels is not None:
+            from PIL import Image  # noqa: PLC0415
+
+            return Image.fromarray(np.ascontiguousarray(part.pixels), "RGB")
         data = fetch(part.reference, KINDS[part.kind], part.where, self.policy)
         if part.kind == "image":
             return decode.image(data, part.where)
