@@ -6,7 +6,7 @@ CLI := $(VENV)/bin/tritonllm
 MODELS ?= models
 PYTEST_ARGS ?=
 
-.PHONY: install kernels clients system-deps model serve test test-slow test-gpu test-avx2 test-instances soak bench bench-peers bench-speculation bench-footprint bench-kv-cache-dtype bench-start-time lint configs perf-analyzer clean
+.PHONY: install kernels clients system-deps model serve test test-slow test-gpu test-avx2 test-instances soak bench bench-peers bench-multimodal bench-speculation bench-footprint bench-kv-cache-dtype bench-start-time lint configs perf-analyzer clean
 
 install: $(VENV)/.installed
 
@@ -119,6 +119,12 @@ bench-peers: install kernels $(MODELS)/$(DEFAULT_MODEL)/config.json
 	command -v cmake >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++)
 	$(PIP) install -q -c constraints.txt -e '.[test,bench]'
 	$(PY) bench/peers.py $(PEERS_ARGS)
+
+# A one-image chat beside llama.cpp's llama-server --mmproj on a SmolVLM-shaped model (bench/results/multimodal.md)
+bench-multimodal: install kernels $(MODELS)/$(DEFAULT_MODEL)/config.json
+	command -v cmake >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++)
+	$(PIP) install -q -c constraints.txt -e '.[test,bench]'
+	$(PY) bench/multimodal.py
 
 # C1 with n-gram speculation beside llama.cpp's (bench/results/speculation.md)
 bench-speculation: install kernels $(MODELS)/$(DEFAULT_MODEL)/config.json

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from conftest import MODELS, demo_model
 from loopback_site import loopback_site
-from multimodal_models import Reference, build_multimodal, png
+from multimodal_models import Reference, build_multimodal, png, wav
 
 from e2e.conftest import running_serve
 from tritonllm.launcher.tritonserver import free_port
@@ -156,3 +156,41 @@ def test_bad_media_is_a_400_naming_the_part(serve, reference, media_folder, loop
     body = {"model": "llava", "messages": image_chat(data_url(image)), "max_tokens": TOKENS, "temperature": 0}
     after = httpx.post(f"{serve}/v1/chat/completions", json=body, timeout=60).json()
     assert after["choices"][0]["message"]["content"] == reference.text([image, QUESTION], TOKENS)
+
+
+@pytest.fixture(scope="module")
+def audio_serve(tmp_path_factory):
+    folder = build_multimodal("qwen2_audio", demo_model("tiny"), MODELS / "multimodal")
+    with running_serve(folder, tmp_path_factory.mktemp("serve-audio"), "--no-embedding") as ports:
+        yield folder, f"http://127.0.0.1:{ports['--shim-port']}"
+
+
+def test_openai_sdk_sends_an_audio_clip(audio_serve):
+    import openai
+
+    folder, url = audio_serve
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
+    clip = wav(1)
+    content = [
+        {"type": "input_audio", "input_audio": {"data": base64.b64encode(clip).decode(), "format": "wav"}},
+        {"type": "text", "text": QUESTION},
+    ]
+    answer = client.chat.completions.create(
+        model="qwen2_audio", messages=[{"role": "user", "content": content}], max_tokens=TOKENS, temperature=0
+    )
+    assert answer.choices[0].message.content == Reference(folder).text([clip, QUESTION], TOKENS)
+    assert httpx.get(f"{url}/v1/models/qwen2_audio").json()["input_modalities"] == ["text", "audio"]
+
+
+def test_a_wav_with_a_broken_header_is_a_400_naming_the_part(audio_serve):
+    _, url = audio_serve
+    broken = bytearray(wav(2))
+    broken[8:12] = b"JUNK"  # RIFF's format field: no longer WAVE
+    content = [
+        {"type": "text", "text": QUESTION},
+        {"type": "input_audio", "input_audio": {"data": base64.b64encode(bytes(broken)).decode(), "format": "wav"}},
+    ]
+    body = {"model": "qwen2_audio", "messages": [{"role": "user", "content": content}], "max_tokens": 2}
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    assert "messages[0].content[1].input_audio" in response.json()["error"]["message"]

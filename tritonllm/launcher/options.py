@@ -54,6 +54,15 @@ def add_shim_options(p: argparse.ArgumentParser, *, beside_triton: bool) -> None
         }
     p.add_argument("--tool-call-parser", **tool_calls)
     p.add_argument("--reasoning-parser", **thinking)
+    if not beside_triton:
+        p.add_argument(
+            "--media",
+            nargs="*",
+            choices=["image", "video", "audio"],
+            default=[],
+            help="what the (first) model's prompts may carry beside text; must match Triton's (`serve` reads it "
+            "from the model)",
+        )
 
 
 def add_model_set_options(p: argparse.ArgumentParser, model_dir_help: str) -> None:

@@ -195,6 +195,8 @@ def _shim_settings(
 
     served = [ServedModel(llm.name, llm.triton, *found) for llm, found in zip(llms, formats, strict=True)]
     media = tuple(sorted(media_kinds(first_dir)))
+    if media:
+        _progress(f"{served[0].name}: prompts take {', '.join(media)} beside text (a shim of its own: --media)")
     for model in served:
         _progress(
             f"{model.name}: tool calls in the {model.tool_call_parser} format; "

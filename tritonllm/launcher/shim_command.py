@@ -23,6 +23,7 @@ def shim(args: argparse.Namespace) -> int:
             rerank_model_name=args.rerank_model_name,
             tool_call_parser=served[0].tool_call_parser,
             reasoning_parser=served[0].reasoning_parser,
+            media=tuple(args.media),
             more_models=tuple(served[1:]),
             models_max=args.models_max,
         )
