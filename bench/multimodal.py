@@ -11,10 +11,12 @@ everywhere. Images are 512x512: one crop and the global image, for both servers 
 gets the model through its own convert_hf_to_gguf.py (--mmproj for the tower), f32.
 
 Each request is a chat with one fresh random 512x512 PNG (base64) and a question, 8 new tokens (the end and turn
-tokens barred), greedy, streamed, one at a time; the median of `--requests`. Then the same image again (this project's encoders answer
-it from their cache; llama.cpp encodes it again; the prefix caches of both are off for the prompt: each question
-differs). The encoder's own cost per image: this project's MediaEncoder.embed timed in process (what the
-multimodal_encoders model runs), llama.cpp's from its log ("image slice encoded in N ms").
+tokens barred), greedy, streamed, one at a time; the median of `--requests`. Then the same image again under
+another question, as the next turn of a chat about it: both servers reuse the image's KV from their prefix cache
+(this project's blocks named by the rows' digests, llama.cpp's slot by its longest common prefix), and this
+project's encoders answer from their own cache. The encoder's cost per image: this project's MediaEncoder.embed
+timed in process (what the multimodal_encoders model runs); for llama.cpp, its own log's prompt time of a fresh
+image (the tower's work and the prompt's prefill together, which it does not report apart).
 
 vLLM's CPU build is not in this run: its multimodal processor needs the torchvision that does not load with the
 machine's torch (see the closing notes of issue 60).
@@ -69,11 +71,17 @@ def build_model() -> Path:
     text = transformers.AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
     text.resize_token_embeddings(len(tokenizer))
     vision = transformers.Idefics3VisionConfig(
-        hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, image_size=512,
+        hidden_size=768,
+        intermediate_size=3072,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        image_size=512,
         patch_size=16,
     )
     config = transformers.Idefics3Config(
-        text_config=text.config, vision_config=vision, scale_factor=4,
+        text_config=text.config,
+        vision_config=vision,
+        scale_factor=4,
         image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
     )
     model = transformers.Idefics3ForConditionalGeneration(config).eval()
@@ -122,11 +130,16 @@ def chat_once(url: str, model: str, image: bytes, question: str) -> dict:
         {"type": "text", "text": question},
     ]
     body = {
-        "model": model, "messages": [{"role": "user", "content": content}], "max_tokens": NEW_TOKENS,
-        "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": NEW_TOKENS,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
         # the random tower's rows make the model end at once: its end and turn tokens are barred, so that both
         # servers write NEW_TOKENS tokens of text and the first one is the first content
-        "ignore_eos": True, "logit_bias": {str(token): -100 for token in BARRED},
+        "ignore_eos": True,
+        "logit_bias": {str(token): -100 for token in BARRED},
     }
     start, first, usage = time.perf_counter(), None, None
     with httpx.stream("POST", url, json=body, timeout=600) as response:
@@ -139,8 +152,11 @@ def chat_once(url: str, model: str, image: bytes, question: str) -> dict:
                 usage = event["usage"]
             if first is None and any((c.get("delta") or {}).get("content") for c in event.get("choices", [])):
                 first = time.perf_counter()
-    return {"ttft_s": first - start, "total_s": time.perf_counter() - start, "prompt_tokens": (usage or {}).get(
-        "prompt_tokens")}
+    return {
+        "ttft_s": first - start,
+        "total_s": time.perf_counter() - start,
+        "prompt_tokens": (usage or {}).get("prompt_tokens"),
+    }
 
 
 def run_case(url: str, model: str, requests: int) -> dict:
@@ -180,8 +196,10 @@ def our_encoder_ms(model: Path, requests: int) -> float:
     return 1000 * statistics.median(times[1:])
 
 
-def llama_encoder_ms(log: Path) -> float | None:
-    found = [float(m) for m in re.findall(r"image slice encoded in (\d+) ms", log.read_text(errors="replace"))]
+def llama_prompt_ms(log: Path, prompt_tokens: int) -> float | None:
+    """llama.cpp's own prompt time of the requests whose whole prompt it computed (a fresh image's)."""
+    pattern = r"prompt eval time =\s+([\d.]+) ms /\s+(\d+) tokens"
+    found = [float(ms) for ms, n in re.findall(pattern, log.read_text(errors="replace")) if int(n) == prompt_tokens]
     return statistics.median(found[1:] or found) if found else None
 
 
@@ -205,7 +223,7 @@ def main() -> None:
         results["llama.cpp"] = run_case(f"http://127.0.0.1:{port}/v1/chat/completions", NAME, args.requests)
     finally:
         llama.stop()
-    results["llama.cpp"]["encoder_ms_per_image"] = llama_encoder_ms(log)
+    results["llama.cpp"]["prompt_ms_fresh_image"] = llama_prompt_ms(log, results["llama.cpp"]["prompt_tokens"])
 
     server, shim_port, _ = ours(RESULTS / "tritonllm-serve.log.tmp", model=model, flags=("--no-embedding",))
     try:
@@ -233,7 +251,8 @@ def report(results: dict) -> str:
         ("time to first token, fresh image (ms)", "ttft_ms_fresh_image"),
         ("time to first token, same image again (ms)", "ttft_ms_same_image"),
         (f"whole answer, {NEW_TOKENS} tokens, fresh image (ms)", "total_ms_fresh_image"),
-        ("encoder, one image (ms)", "encoder_ms_per_image"),
+        ("encoder, one image (ms): ours in process", "encoder_ms_per_image"),
+        ("prompt, fresh image, by the server's own log (ms)", "prompt_ms_fresh_image"),
     ]
     lines = [
         f"# One-image chat: this project against llama.cpp `llama-server --mmproj` ({results['model']})",
