@@ -25,14 +25,15 @@ def chat_template(image: str = "<image>", video: str = "<video>", audio: str = "
 
 
 CHAT_TEMPLATE = chat_template()
-FAMILIES = ("llava", "idefics3", "qwen2_audio", "qwen2_vl")
+FAMILIES = ("llava", "idefics3", "qwen2_audio", "qwen2_vl", "qwen2_5_vl")
 # the text an image part is in each family's prompt, as TensorRT-LLM's clients write it into text_input
 IMAGE_PLACEHOLDERS = {
     "llava": "<image>",
     "idefics3": "<image>",
     "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+    "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>",
 }
-IMAGE_FAMILIES = ("llava", "idefics3", "qwen2_vl")
+IMAGE_FAMILIES = tuple(IMAGE_PLACEHOLDERS)
 
 
 def build_multimodal(family: str, tokenizer_dir: Path, out_dir: Path) -> Path:
@@ -45,7 +46,13 @@ def build_multimodal(family: str, tokenizer_dir: Path, out_dir: Path) -> Path:
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
     torch.manual_seed(0)
-    build = {"llava": _llava, "idefics3": _idefics3, "qwen2_audio": _qwen2_audio, "qwen2_vl": _qwen2_vl}[family]
+    build = {
+        "llava": _llava,
+        "idefics3": _idefics3,
+        "qwen2_audio": _qwen2_audio,
+        "qwen2_vl": _qwen2_vl,
+        "qwen2_5_vl": _qwen2_5_vl,
+    }[family]
     model, processor = build(transformers, tokenizer)
     partial = out_dir / f"{family}.partial"
     model.eval().save_pretrained(partial)
@@ -139,7 +146,23 @@ def _qwen2_audio(transformers, tokenizer):
     return transformers.Qwen2AudioForConditionalGeneration(config), processor
 
 
-def _qwen2_vl(transformers, tokenizer):
+def _qwen2_5_vl(transformers, tokenizer):
+    """Qwen2.5-VL: Qwen2-VL's layout with a windowed-attention ViT (one block of full attention) and SwiGLU."""
+    vision = dict(
+        depth=2,
+        hidden_size=32,
+        out_hidden_size=64,
+        intermediate_size=64,
+        num_heads=4,
+        patch_size=8,
+        spatial_merge_size=2,
+        window_size=32,
+        fullatt_block_indexes=[1],
+    )
+    return _qwen2_vl(transformers, tokenizer, "Qwen2_5_VL", vision)
+
+
+def _qwen2_vl(transformers, tokenizer, kind: str = "Qwen2VL", vision: dict | None = None):
     """Qwen2-VL: a ViT on dynamic-resolution patches (two frames a temporal patch), 2x2 patches merged, Qwen2 with
     M-RoPE (temporal, height and width positions for the media tokens)."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
@@ -148,8 +171,10 @@ def _qwen2_vl(transformers, tokenizer):
     tokenizer.add_special_tokens({"additional_special_tokens": tokens})
     text = _text_config(transformers, tokenizer, "Qwen2Config").to_dict()
     text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
-    vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=4, mlp_ratio=2, patch_size=8, spatial_merge_size=2)
-    config = transformers.Qwen2VLConfig(
+    vision = vision or dict(
+        depth=2, embed_dim=32, hidden_size=64, num_heads=4, mlp_ratio=2, patch_size=8, spatial_merge_size=2
+    )
+    config = getattr(transformers, f"{kind}Config")(
         text_config={k: v for k, v in text.items() if k not in ("architectures", "model_type")},
         vision_config=vision,
         image_token_id=tokenizer.convert_tokens_to_ids("<|image_pad|>"),
@@ -160,7 +185,8 @@ def _qwen2_vl(transformers, tokenizer):
     template = chat_template(
         "<|vision_start|><|image_pad|><|vision_end|>", "<|vision_start|><|video_pad|><|vision_end|>"
     )
-    return transformers.Qwen2VLForConditionalGeneration(config), (images, tokenizer, template)
+    model = getattr(transformers, f"{kind}ForConditionalGeneration")(config)
+    return model, (images, tokenizer, template)
 
 
 def wav(seed: int, seconds: float = 1.0, rate: int = 16_000) -> bytes:

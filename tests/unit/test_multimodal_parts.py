@@ -47,9 +47,21 @@ def test_m_rope_sections_move_out_of_the_rope_parameters():
 
 
 def test_a_family_without_an_encoder_is_refused_by_name(tmp_path):
-    config = {"model_type": "qwen2_5_vl", "vision_config": {"depth": 2}, "text_config": {"model_type": "qwen2"}}
+    config = {
+        "model_type": "mllama",
+        "vision_config": {"num_hidden_layers": 2},
+        "text_config": {"model_type": "mllama_text_model"},
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UnsupportedModelError, match="qwen2_5_vl is a multimodal family"):
+    with pytest.raises(UnsupportedModelError, match="mllama is a multimodal family"):
+        multimodal_folder.language_model_dir(tmp_path)
+    config = {
+        "model_type": "smolvlm",
+        "vision_config": {"num_hidden_layers": 2},
+        "text_config": {"model_type": "llama"},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModelError, match="smolvlm: SmolVLM2's processor needs transformers' video"):
         multimodal_folder.language_model_dir(tmp_path)
 
 

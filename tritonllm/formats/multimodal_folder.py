@@ -39,7 +39,6 @@ _LEGACY_AND_V5 = dict(
 LAYOUTS = {
     "llava": Layout(**_LEGACY_AND_V5, media=frozenset({"image"})),
     "idefics3": Layout(("model.text_model.",), ("lm_head.",), frozenset({"image"})),
-    "smolvlm": Layout(("model.text_model.",), ("lm_head.",), frozenset({"image"})),
     "qwen2_audio": Layout(**_LEGACY_AND_V5, media=frozenset({"audio"})),
     "qwen2_vl": Layout(
         ("model.language_model.", "model."),
@@ -47,6 +46,15 @@ LAYOUTS = {
         frozenset({"image", "video"}),
         tower_prefixes=("model.visual.",),
     ),
+    # images only: a video's M-RoPE positions follow its frames' timing (second_per_grid_ts), not kept here yet
+    "qwen2_5_vl": Layout(
+        ("model.language_model.", "model."), ("lm_head.",), frozenset({"image"}), tower_prefixes=("model.visual.",)
+    ),
+}
+# multimodal families refused at load, and why (any other is refused as one without an encoder here)
+REFUSED = {
+    "smolvlm": "SmolVLM2's processor needs transformers' video processor, which needs a torchvision that does not "
+    "load with this torch (SmolVLM, model_type idefics3, is served)",
 }
 # a language model's model_type -> the causal LM served for it, under its own type
 TEXT_ARCHITECTURES = {
@@ -55,6 +63,7 @@ TEXT_ARCHITECTURES = {
     "qwen2": ("Qwen2ForCausalLM", "qwen2"),
     # Qwen2 with M-RoPE: the same tensors; the rope sections kept as mrope_section, which the engine applies
     "qwen2_vl_text": ("Qwen2ForCausalLM", "qwen2"),
+    "qwen2_5_vl_text": ("Qwen2ForCausalLM", "qwen2"),
 }
 
 
@@ -85,6 +94,8 @@ def media_kinds(model_dir: Path) -> frozenset[str]:
 def why_not(config: dict) -> str | None:
     """None when this folder's language model can be split out and served; else what stands in the way."""
     family = config.get("model_type")
+    if family in REFUSED:
+        return f"{family}: {REFUSED[family]}"
     if family not in LAYOUTS:
         return f"{family} is a multimodal family this server has no encoder for (served: {sorted(LAYOUTS)})"
     text_type = text_config(config).get("model_type", "llama")

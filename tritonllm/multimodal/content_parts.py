@@ -4,7 +4,7 @@ fetched later. Errors name the part where it sits (`messages[0].content[1].image
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,12 +22,13 @@ PART_KINDS = {
 TEXT_TYPES = frozenset({"text", "input_text"})
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class MediaPart:
     kind: str  # image, video, audio
     reference: str  # a URL, a data URL, bare base64 or a server path
     where: str  # the part's place in the request, for errors
-    pixels: np.ndarray | None = None  # an image sent as its RGB pixels (TensorRT-LLM's image_bytes_input), not a file
+    # an image sent as its RGB pixels (TensorRT-LLM's image_bytes_input), not a file
+    pixels: np.ndarray | None = field(default=None, compare=False)
 
 
 def tensor_images(urls: list[str], pixels: np.ndarray | None) -> list[MediaPart]:

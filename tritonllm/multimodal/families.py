@@ -25,24 +25,25 @@ class Family:
 
 
 _IMAGE = {"image": ("image_token_index", "image_token_id")}
+_QWEN_VL = Family(
+    {"image": ("image_token_id",), "video": ("video_token_id",)},
+    "language_model",
+    {"image": "get_image_features", "video": "get_video_features"},
+    renamed={"pixel_values": "pixel_patches", "pixel_values_videos": "video_patches"},
+    mrope=True,
+)
 _IMAGE_FEATURES = {"image": "get_image_features"}
 FAMILIES = {
     "llava": Family(_IMAGE, "language_model", _IMAGE_FEATURES),
     "idefics3": Family(_IMAGE, "text_model", _IMAGE_FEATURES, batched_images=True),
-    "smolvlm": Family(_IMAGE, "text_model", _IMAGE_FEATURES, batched_images=True),
     "qwen2_audio": Family(
         {"audio": ("audio_token_index", "audio_token_id")},
         "language_model",
         {"audio": MERGED},
         "Qwen2AudioForConditionalGeneration",
     ),
-    "qwen2_vl": Family(
-        {"image": ("image_token_id",), "video": ("video_token_id",)},
-        "language_model",
-        {"image": "get_image_features", "video": "get_video_features"},
-        renamed={"pixel_values": "pixel_patches", "pixel_values_videos": "video_patches"},
-        mrope=True,
-    ),
+    "qwen2_vl": _QWEN_VL,
+    "qwen2_5_vl": _QWEN_VL,
 }
 
 # what the encoders take (the processor's outputs, under their names in `renamed`), each with the dtype and rank

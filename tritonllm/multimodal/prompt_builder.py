@@ -92,10 +92,11 @@ class PromptBuilder:
 
 def load_processor(model_dir: Path):
     """The model's own processor (for Qwen2-VL, its class with frames made into patches without torchvision)."""
-    if read_config(model_dir)["model_type"] == "qwen2_vl":
+    family = read_config(model_dir)["model_type"]
+    if family in ("qwen2_vl", "qwen2_5_vl"):
         from tritonllm.multimodal import qwen2_vl_processor  # noqa: PLC0415
 
-        return qwen2_vl_processor.load(model_dir)
+        return qwen2_vl_processor.load(model_dir, family)
     from transformers import AutoProcessor  # noqa: PLC0415 - only a multimodal model's preprocessing needs it
 
     # the PIL-based image processors: the torchvision ones need a torchvision this torch cannot load

@@ -1,7 +1,8 @@
-"""Qwen2-VL's processor without torchvision: transformers' own processor class, its PIL image processor, and in
-place of its video processor (torchvision's, which does not load with this torch) one that makes each video's
-patches from its frames as the image processor makes an image's: every frame resized, rescaled and normalized
-as a picture is, then each pair of frames one temporal patch (an image is one frame given twice)."""
+"""Qwen2-VL's (and Qwen2.5-VL's) processor without torchvision: transformers' own processor class, its PIL
+image processor, and in place of its video processor (torchvision's, which does not load with this torch) one
+that makes each video's patches from its frames as the image processor makes an image's: every frame resized,
+rescaled and normalized as a picture is, then each pair of frames one temporal patch (an image is one frame
+given twice)."""
 
 from __future__ import annotations
 
@@ -35,19 +36,21 @@ class FramePairs:
         return {"pixel_values_videos": np.concatenate(patches), "video_grid_thw": np.array(grids, dtype=np.int64)}
 
 
-def load(model_dir: Path):
-    """The folder's Qwen2VLProcessor, its videos made by FramePairs."""
-    from transformers import AutoTokenizer, Qwen2VLProcessor  # noqa: PLC0415 - a Qwen2-VL model's only
+def load(model_dir: Path, family: str = "qwen2_vl"):
+    """The folder's Qwen2VLProcessor (Qwen2_5_VLProcessor for Qwen2.5-VL), its videos made by FramePairs."""
+    import transformers  # noqa: PLC0415 - a Qwen2-VL model's only
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil  # noqa: PLC0415
 
-    class Processor(Qwen2VLProcessor):
+    processor_class = transformers.Qwen2_5_VLProcessor if family == "qwen2_5_vl" else transformers.Qwen2VLProcessor
+
+    class Processor(processor_class):
         def check_argument_for_proper_class(self, name, argument):
             return (
                 type(argument) if name == "video_processor" else super().check_argument_for_proper_class(name, argument)
             )
 
     images = Qwen2VLImageProcessorPil.from_pretrained(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     template = Path(model_dir) / "chat_template.jinja"
     chat_template = template.read_text() if template.exists() else tokenizer.chat_template
     return Processor(images, tokenizer, FramePairs(images), chat_template=chat_template)
