@@ -25,10 +25,11 @@ def chat_template(image: str = "<image>", video: str = "<video>", audio: str = "
 
 
 CHAT_TEMPLATE = chat_template()
-FAMILIES = ("llava", "idefics3", "qwen2_audio", "qwen2_vl", "qwen2_5_vl")
+FAMILIES = ("llava", "llava_siglip", "idefics3", "qwen2_audio", "qwen2_vl", "qwen2_5_vl")
 # the text an image part is in each family's prompt, as TensorRT-LLM's clients write it into text_input
 IMAGE_PLACEHOLDERS = {
     "llava": "<image>",
+    "llava_siglip": "<image>",
     "idefics3": "<image>",
     "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>",
     "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>",
@@ -48,6 +49,7 @@ def build_multimodal(family: str, tokenizer_dir: Path, out_dir: Path) -> Path:
     torch.manual_seed(0)
     build = {
         "llava": _llava,
+        "llava_siglip": _llava_siglip,
         "idefics3": _idefics3,
         "qwen2_audio": _qwen2_audio,
         "qwen2_vl": _qwen2_vl,
@@ -98,6 +100,33 @@ def _llava(transformers, tokenizer):
         patch_size=8,
         vision_feature_select_strategy="default",
         num_additional_image_tokens=1,
+        chat_template=CHAT_TEMPLATE,
+    )
+    return transformers.LlavaForConditionalGeneration(config), processor
+
+
+def _llava_siglip(transformers, tokenizer):
+    """LLaVA with a SigLIP tower: no class token, so every patch's features are kept (strategy "full")."""
+    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    vision = transformers.SiglipVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8
+    )
+    config = transformers.LlavaConfig(
+        text_config=_text_config(transformers, tokenizer),
+        vision_config=vision,
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="full",
+    )
+    images = SiglipImageProcessorPil(size={"height": 32, "width": 32})
+    processor = transformers.LlavaProcessor(
+        image_processor=images,
+        tokenizer=tokenizer,
+        patch_size=8,
+        vision_feature_select_strategy="full",
+        num_additional_image_tokens=0,
         chat_template=CHAT_TEMPLATE,
     )
     return transformers.LlavaForConditionalGeneration(config), processor
