@@ -14,7 +14,7 @@ from tritonllm.engine import inference_request
 from tritonllm.shim.triton_requests import GenerationRequest, TokenizeRequest
 
 WIRE_TYPES = {"TYPE_STRING": "BYTES", "TYPE_BOOL": "BOOL", "TYPE_INT32": "INT32", "TYPE_INT64": "INT64"}
-WIRE_TYPES |= {"TYPE_UINT64": "UINT64", "TYPE_FP32": "FP32", "TYPE_FP16": "FP16"}
+WIRE_TYPES |= {"TYPE_UINT64": "UINT64", "TYPE_UINT8": "UINT8", "TYPE_FP32": "FP32", "TYPE_FP16": "FP16"}
 
 
 def declared(model: str, kind: str) -> dict[str, str]:
