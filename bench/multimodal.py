@@ -4,12 +4,13 @@ first token, and what encoding one image costs.
     make bench-multimodal             # writes bench/results/multimodal.{md,json}
     python bench/multimodal.py --requests 12
 
-Model: SmolVLM-256M-Instruct's architecture (Idefics3: a SigLIP-B/16 tower on a 512-pixel image, pixel shuffle
-by 4, so 64 image tokens a crop), built locally because no VLM can be had offline here: the language model is
-the real SmolLM2-135M-Instruct (the one SmolVLM-256M has), the tower and connector random (seeded), fp32
-everywhere. Images are 512x512, splitting on as in SmolVLM: transformers' processor (ours, and vLLM's) makes them
-one crop of 64 tokens, llama.cpp slices them into that crop and the global image (twice the tower's work; each
-server's prompt-token count is in the table). llama.cpp gets the model through its own convert_hf_to_gguf.py (--mmproj for the tower), f32.
+Model: SmolVLM-256M-Instruct's architecture (Idefics3: a SigLIP-B/16 tower on a 512-pixel image, pixel shuffle by
+4, so 64 image tokens a crop), built locally because no VLM can be had offline here: the language model is the
+real SmolLM2-135M-Instruct (the one SmolVLM-256M has), the tower and connector random (seeded), fp32 everywhere.
+Images are 512x512, splitting on as in SmolVLM: transformers' processor (ours, and vLLM's) makes them one crop of
+64 tokens, llama.cpp slices them into that crop and the global image (twice the tower's work; each server's
+prompt-token count is in the table). llama.cpp gets the model through its own convert_hf_to_gguf.py (--mmproj for
+the tower), f32.
 
 Each request is a chat with one fresh random 512x512 PNG (base64) and a question, 8 new tokens (the end and turn
 tokens barred), greedy, streamed, one at a time; the median of `--requests`. Then the same image again under
