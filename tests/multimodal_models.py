@@ -49,7 +49,7 @@ def build_multimodal(family: str, tokenizer_dir: Path, out_dir: Path) -> Path:
     torch.manual_seed(0)
     build = {
         "llava": _llava,
-        "llava_siglip": _llava_siglip,
+        "llava_siglip": lambda transformers, tokenizer: _llava(transformers, tokenizer, "siglip"),
         "idefics3": _idefics3,
         "qwen2_audio": _qwen2_audio,
         "qwen2_vl": _qwen2_vl,
@@ -78,55 +78,35 @@ def _text_config(transformers, tokenizer, kind: str = "LlamaConfig"):
     )
 
 
-def _llava(transformers, tokenizer):
-    """LLaVA 1.5: a CLIP tower (its second-to-last layer, the class token dropped), an MLP projector, Llama."""
+def _llava(transformers, tokenizer, tower: str = "clip"):
+    """LLaVA 1.5: a CLIP tower (its second-to-last layer, the class token dropped), an MLP projector, Llama; or a
+    SigLIP tower, which has no class token, so every patch's features of its last layer are kept (strategy "full")."""
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
-
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
-    vision = transformers.CLIPVisionConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8
-    )
-    config = transformers.LlavaConfig(
-        text_config=_text_config(transformers, tokenizer),
-        vision_config=vision,
-        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
-        vision_feature_layer=-2,
-        vision_feature_select_strategy="default",
-    )
-    images = CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
-    processor = transformers.LlavaProcessor(
-        image_processor=images,
-        tokenizer=tokenizer,
-        patch_size=8,
-        vision_feature_select_strategy="default",
-        num_additional_image_tokens=1,
-        chat_template=CHAT_TEMPLATE,
-    )
-    return transformers.LlavaForConditionalGeneration(config), processor
-
-
-def _llava_siglip(transformers, tokenizer):
-    """LLaVA with a SigLIP tower: no class token, so every patch's features are kept (strategy "full")."""
     from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
 
     tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
-    vision = transformers.SiglipVisionConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8
-    )
+    sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32)
+    if tower == "clip":
+        vision = transformers.CLIPVisionConfig(**sizes, patch_size=8)
+        images = CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+        layer, strategy, class_tokens = -2, "default", 1
+    else:
+        vision = transformers.SiglipVisionConfig(**sizes, patch_size=8)
+        images = SiglipImageProcessorPil(size={"height": 32, "width": 32})
+        layer, strategy, class_tokens = -1, "full", 0
     config = transformers.LlavaConfig(
         text_config=_text_config(transformers, tokenizer),
         vision_config=vision,
         image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
-        vision_feature_layer=-1,
-        vision_feature_select_strategy="full",
+        vision_feature_layer=layer,
+        vision_feature_select_strategy=strategy,
     )
-    images = SiglipImageProcessorPil(size={"height": 32, "width": 32})
     processor = transformers.LlavaProcessor(
         image_processor=images,
         tokenizer=tokenizer,
         patch_size=8,
-        vision_feature_select_strategy="full",
-        num_additional_image_tokens=0,
+        vision_feature_select_strategy=strategy,
+        num_additional_image_tokens=class_tokens,
         chat_template=CHAT_TEMPLATE,
     )
     return transformers.LlavaForConditionalGeneration(config), processor

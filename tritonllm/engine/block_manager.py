@@ -134,7 +134,7 @@ class BlockManager:
             i = len(seq.block_hashes)
             previous = seq.block_hashes[-1] if seq.block_hashes else _root(seq.kv_namespace)
             bs = self.block_size
-            h = self._chain(previous, self._named(seq, seq.token_ids[i * bs : (i + 1) * bs]), 0)
+            h = self._chain(previous, self._named(seq, seq.token_ids[i * bs : (i + 1) * bs]))
             seq.block_hashes.append(h)
             block = seq.block_table[i]
             if h not in self._block_of and block not in self._hash_of:
@@ -153,14 +153,15 @@ class BlockManager:
 
     def _hashes(self, tokens: list, namespace: int | None) -> list[int]:
         hashes: list[int] = []
-        for i in range(len(tokens) // self.block_size):
-            hashes.append(self._chain(hashes[-1] if hashes else _root(namespace), tokens, i))
+        bs = self.block_size
+        for i in range(len(tokens) // bs):
+            hashes.append(self._chain(hashes[-1] if hashes else _root(namespace), tokens[i * bs : (i + 1) * bs]))
         return hashes
 
-    def _chain(self, previous, tokens: list, index: int) -> int:
-        """The name of block `index` of `tokens`: its tokens and, through `previous`, everything before."""
-        bs = self.block_size
-        return hash((previous, tuple(tokens[index * bs : (index + 1) * bs])))
+    @staticmethod
+    def _chain(previous, block: list) -> int:
+        """The name of a block: its tokens and, through `previous`, everything before."""
+        return hash((previous, tuple(block)))
 
     def _forget(self, block: int) -> None:
         h = self._hash_of.pop(block, None)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tritonllm.common.unsupported_model import UnsupportedModelError
 from tritonllm.engine import llama_model
-from tritonllm.formats.multimodal_folder import MEDIA_TOWERS
+from tritonllm.formats import multimodal_folder
 
 
 @dataclass(frozen=True)
@@ -26,13 +26,13 @@ class ModelShape:
         if config.architecture not in llama_model.ARCHITECTURES:
             from transformers import AutoConfig
 
-            config = AutoConfig.from_pretrained(model_dir)
-            towers = [name for name in MEDIA_TOWERS if getattr(config, name, None) is not None]
-            if towers:
+            found = multimodal_folder.towers(multimodal_folder.read_config(model_dir))
+            if found:
                 raise UnsupportedModelError(
-                    f"{config.model_type} is a multimodal model ({', '.join(towers)}): the engine serves its language "
+                    f"{config.model_type} is a multimodal model ({', '.join(found)}): the engine serves its language "
                     "model, split out by tritonllm.formats.multimodal_folder.language_model_dir"
                 )
+            config = AutoConfig.from_pretrained(model_dir)
         return cls.of(config)
 
     @classmethod
