@@ -16,6 +16,7 @@ from tritonllm.common.request_parameters import INT32_MAX, UINT64_MAX
 from tritonllm.media.kinds import MAX_GENERATE_STREAM_IMAGES
 from tritonllm.shim.errors import APIError, json_body
 from tritonllm.shim.generation import STOP_STRING, Piece, generate, primed, until_disconnected
+from tritonllm.shim.openai_protocol import text_chars
 from tritonllm.shim.settings import ShimSettings
 from tritonllm.shim.triton_requests import GenerationRequest
 
@@ -88,8 +89,7 @@ class GenerateRequest(BaseModel):
         if len(images) > MAX_GENERATE_STREAM_IMAGES:
             field = f"text_input[{images[MAX_GENERATE_STREAM_IMAGES]}]"
             raise APIError(400, f"{field}: at most {MAX_GENERATE_STREAM_IMAGES} image in a request", field)
-        chars = sum(len(str(part.get("text", ""))) for part in parts)
-        if chars > MAX_TEXT_CHARS:
+        if text_chars(parts) > MAX_TEXT_CHARS:
             raise APIError(400, f"text_input must have at most {MAX_TEXT_CHARS} characters", "text_input")
         return parts
 
