@@ -42,6 +42,27 @@ def test_the_count_is_what_a_chat_completion_counts(shim_url, openai_client):
     assert count == usage.prompt_tokens
 
 
+def test_a_continued_message_tokenizes_as_the_chat_that_continues_it(shim_url, openai_client, tokenizer):
+    """vLLM's continue_final_message: the assistant's last message left open, on /tokenize as on chat."""
+    messages = [*MESSAGES, {"role": "assistant", "content": "Sure,"}]
+    body = {"messages": messages, "continue_final_message": True, "add_generation_prompt": False}
+    tokens = post(shim_url, "/tokenize", body).json()["tokens"]
+    rendered = tokenizer.apply_chat_template(messages, continue_final_message=True, tokenize=False)
+    assert tokens == tokenizer.encode(rendered, add_special_tokens=False) and rendered.endswith("Sure,")
+    extra = {"continue_final_message": True, "add_generation_prompt": False, "return_token_ids": True}
+    response = openai_client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1, extra_body=extra)
+    assert response.model_extra["prompt_token_ids"] == tokens
+    assert (
+        post(shim_url, "/tokenize", {"messages": messages, "continue_final_message": True}).json()["tokens"] == tokens
+    )
+
+
+def test_add_special_tokens_puts_the_tokenizers_own_on_the_rendered_chat(shim_url, tokenizer):
+    tokens = post(shim_url, "/tokenize", {"messages": MESSAGES, "add_special_tokens": True}).json()["tokens"]
+    rendered = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    assert tokens == tokenizer.encode(rendered, add_special_tokens=True)
+
+
 def test_detokenize_inverts_tokenize(shim_url, tokenizer):
     text = "Hello 你好, <|im_start|> and tabs\t."
     tokens = post(shim_url, "/tokenize", {"prompt": text, "add_special_tokens": False}).json()["tokens"]

@@ -347,6 +347,11 @@ def test_ensemble_sends_each_conditional_output_only_where_it_says_something(str
         assert response.as_numpy("output_log_probs").shape == (1, 1, tokens)
         assert response.as_numpy("top_token_ids").shape == response.as_numpy("top_token_texts").shape == (1, tokens, 2)
 
+    s.send("ensemble", [*ensemble_inputs(PROMPTS[1], 32), tensor("return_prompt_ids", [[True]], "BOOL")])
+    with_ids = s.until_final()
+    assert with_ids[0].as_numpy("prompt_ids").reshape(-1).tolist() == tokenizer.encode(PROMPTS[1])
+    assert [r.as_numpy("prompt_ids") is None for r in with_ids[1:]] == [True] * (len(with_ids) - 1)
+
 
 def test_timeout_ms_ends_a_generation_with_timeout(triton, stream):
     s = stream()

@@ -8,7 +8,8 @@ refused at load, naming it. Importing sentence-transformers itself (scikit-learn
 of a server's start on two cores; the tests hold these vectors equal to its `encode`.
 
 An instruction is put in front of the text, as `SentenceTransformer.encode(prompt=...)` does, and its tokens count
-in the input's length and usage.
+in the input's length and usage. An input given as token ids (OpenAI's and vLLM's int arrays) is read as it is,
+special tokens only where the ids hold them.
 """
 
 from __future__ import annotations
@@ -38,11 +39,14 @@ def embedding_model_dir(configured: Path | None = None) -> Path:
 
 
 class InputTooLong(RequestError):
-    def __init__(self, row: int, tokens: int, limit: int) -> None:
+    def __init__(self, row: int, tokens: int, limit: int, tensor: str = "text_input") -> None:
         super().__init__(
-            f"text_input[{row}]", f"text_input[{row}] has {tokens} tokens, more than the embedding model's {limit}"
+            f"{tensor}[{row}]", f"{tensor}[{row}] has {tokens} tokens, more than the embedding model's {limit}"
         )
         self.row = row
+
+
+Row = str | list[int]  # a text, or the token ids the model reads
 
 
 class UnsupportedEmbeddingModel(ValueError):
@@ -116,23 +120,51 @@ class SentenceEmbedder:
                 raise InputTooLong(row, n, self.max_tokens)
         return full, counts
 
-    def encode(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
+    def prepare_ids(self, rows: list[list[int]]) -> tuple[list[Row], list[int]]:
+        """Token-id inputs and their lengths; an id outside the vocabulary or a row over the model's limit is an
+        error naming the row of `input_ids`."""
+        vocab = len(self.tokenizer)
+        for row, ids in enumerate(rows):
+            outside = [t for t in ids if not 0 <= t < vocab]
+            if outside:
+                raise RequestError(
+                    f"input_ids[{row}]", f"input_ids[{row}] holds ids outside [0, {vocab}): {outside[:5]}"
+                )
+            if len(ids) > self.max_tokens:
+                raise InputTooLong(row, len(ids), self.max_tokens, "input_ids")
+        return list(rows), [len(ids) for ids in rows]
+
+    def encode(self, rows: list[Row], batch_size: int = 64) -> np.ndarray:
         """[rows, dimension] float32, as the model's modules leave them (all-MiniLM-L6-v2: unit length)."""
         import torch
 
         parts = [np.zeros((0, self.dimension), dtype=np.float32)]
         with torch.inference_mode():
-            for start in range(0, len(texts), batch_size):
-                batch = self.tokenizer(
-                    self._cased(texts[start : start + batch_size]),
-                    padding=True,
-                    truncation=True,
-                    max_length=self.max_tokens,
-                    return_tensors="pt",
-                ).to(self.device)
-                tokens = self.model(**batch).last_hidden_state
-                parts.append(self._pooled(tokens, batch["attention_mask"]).float().cpu().numpy())
+            for start in range(0, len(rows), batch_size):
+                ids, mask = self._padded(rows[start : start + batch_size])
+                tokens = self.model(
+                    input_ids=ids.to(self.device), attention_mask=mask.to(self.device)
+                ).last_hidden_state
+                parts.append(self._pooled(tokens, mask.to(self.device)).float().cpu().numpy())
         return np.concatenate(parts)
+
+    def _padded(self, rows: list[Row]):
+        """The rows' ids, the texts tokenized (cut at the model's limit), padded on the tokenizer's side as its
+        own padding=True pads them, and the attention mask."""
+        import torch
+
+        texts = [row for row in rows if isinstance(row, str)]
+        tokenized = iter(
+            self.tokenizer(self._cased(texts), truncation=True, max_length=self.max_tokens)["input_ids"]
+            if texts
+            else []
+        )
+        lists = [next(tokenized) if isinstance(row, str) else row for row in rows]
+        width, pad = max(map(len, lists)), self.tokenizer.pad_token_id or 0
+        left = self.tokenizer.padding_side == "left"
+        ids = [[pad] * (width - len(x)) + x if left else x + [pad] * (width - len(x)) for x in lists]
+        mask = [[0] * (width - len(x)) + [1] * len(x) if left else [1] * len(x) + [0] * (width - len(x)) for x in lists]
+        return torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.long)
 
     def _pooled(self, tokens, mask):
         import torch

@@ -250,6 +250,8 @@ class Responder:
             arrays["context_logits"] = torch.stack(seq.recorded.context_logits).numpy()[None]
         if p.return_prompt_log_probs and first == 0:
             arrays["prompt_log_probs"] = _prompt_log_probs(seq)
+        if p.return_prompt_ids and first == 0:
+            arrays["prompt_ids"] = np.array([seq.prompt_ids], dtype=np.int32)
         if self.drafted:
             arrays["num_accepted_draft_tokens"] = np.array([[seq.speculation.accepted_drafts]], dtype=np.int32)
         if p.return_generation_logits and num_new:
@@ -284,16 +286,19 @@ def perf_metrics(seq) -> dict[str, np.ndarray]:
 
 
 def _prompt_log_probs(seq) -> np.ndarray:
-    """[1, prompt, 2 + 2k]: per prompt token, its id and log-probability given the tokens before it, then the
-    ids and log-probabilities of the k best alternatives; the first token, which nothing predicts, has NaNs."""
-    k = seq.params.top_log_probs
-    tops = seq.recorded.prompt_top_logprobs or [([], [])] * len(seq.recorded.prompt_logprobs)
-    rows = [[seq.prompt_ids[0], *[np.nan] * (1 + 2 * k)]]
+    """[1, prompt, 3 + 2k]: per prompt token, its id, its log-probability given the tokens before it and its rank
+    among the vocabulary (1: the likeliest), then the ids and log-probabilities of the k best alternatives; the
+    first token, which nothing predicts, has NaNs."""
+    k, recorded = seq.params.top_log_probs, seq.recorded
+    tops = recorded.prompt_top_logprobs or [([], [])] * len(recorded.prompt_logprobs)
+    rows = [[seq.prompt_ids[0], *[np.nan] * (2 + 2 * k)]]
     rows += [
-        [token, logprob, *ids, *values]
-        for token, logprob, (ids, values) in zip(seq.prompt_ids[1:], seq.recorded.prompt_logprobs, tops, strict=True)
+        [token, logprob, rank, *ids, *values]
+        for token, logprob, rank, (ids, values) in zip(
+            seq.prompt_ids[1:], recorded.prompt_logprobs, recorded.prompt_ranks, tops, strict=True
+        )
     ]
-    return np.array(rows, dtype=np.float32).reshape(1, len(rows), 2 + 2 * k)
+    return np.array(rows, dtype=np.float32).reshape(1, len(rows), 3 + 2 * k)
 
 
 def _reason(seq) -> bytes:

@@ -133,7 +133,7 @@ class Preprocessor:
     def tokenizer_output(self, name: str) -> np.ndarray:
         """One of TOKENIZER_OUTPUTS, as a [1, 1] BYTES tensor."""
         if name == "tokenizer_info":
-            return _strings_array([tokenizer_info(self.tokenizer, self.context)])
+            return _strings_array([tokenizer_info(self.tokenizer, self.context, str(self.model_dir))])
         return _strings_array([cached_snapshot(self.model_dir) or ""])
 
     def outputs(self, inputs: dict[str, np.ndarray], wanted: set[str]) -> dict[str, np.ndarray]:
@@ -256,9 +256,13 @@ class Preprocessor:
             chat_template=_string(row, "chat_template") or None,
             **variables,
         )
+        special = _bool(row, "add_special_tokens", False)  # vLLM's: the tokenizer's own on top of the template's
         try:
             if renderer is not None:
                 return renderer.apply_chat_template(conversation, tokenize=False, **arguments)
+            if special:
+                text = self.tokenizer.apply_chat_template(conversation, tokenize=False, **arguments)
+                return self.tokenizer.encode(text, add_special_tokens=True)
             encoded = self.tokenizer.apply_chat_template(conversation, tokenize=True, return_dict=True, **arguments)
         except (TemplateError, ValueError, TypeError) as e:  # the request's template, variables or last message
             raise RequestError("chat_messages", f"the chat template could not render chat_messages: {e}") from e
@@ -274,6 +278,23 @@ class Preprocessor:
         if _bool(row, "truncate_prompt", False):
             raise RequestError("truncate_prompt", "truncate_prompt would cut a prompt with media; send it without")
         return self.media.ids_and_rows(conversation, media, lambda processor, c: self._render(row, c, tools, processor))
+
+    def _cut(self, row, ids: list[int], output_tokens: int) -> list[int]:
+        """vLLM's truncate_prompt_tokens: the prompt's last (truncation_side "left", the default) or first ("right")
+        so many tokens; -1 as many as fit before `output_tokens`. More than fit is an error, as in vLLM."""
+        keep, side = _int(row, "truncate_prompt_tokens", -1), _string(row, "truncation_side") or "left"
+        room = min(self.max_prompt_tokens, self.context - output_tokens)
+        if side not in ("left", "right"):
+            raise RequestError("truncation_side", f"truncation_side must be left or right, got {side!r}")
+        if keep == -1:
+            keep = room
+        if not 0 < keep <= room:
+            raise RequestError(
+                "truncate_prompt_tokens",
+                f"truncate_prompt_tokens must be -1 or in [1, {room}] (the prompt tokens that fit before "
+                f"{output_tokens} output tokens), got {keep}",
+            )
+        return ids[-keep:] if side == "left" else ids[:keep]
 
     def _tensor_images(self, row) -> list:
         """TensorRT-LLM's image inputs beside a text_input: image_url_input, image_bytes_input."""
@@ -312,6 +333,10 @@ class Preprocessor:
                 ids, media_rows = self.media.ids_and_rows([], images, lambda processor, _: text)
             else:
                 ids = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens and not raw)
+        if _tensor(row, "truncate_prompt_tokens") is not None:
+            if media_rows is not None:
+                raise RequestError("truncate_prompt_tokens", "truncate_prompt_tokens would cut a prompt with media")
+            ids = self._cut(row, ids, output_tokens or 0)
         if not ids:
             raise RequestError("text_input", "text_input is empty after tokenization")
         if len(ids) > self.max_prompt_tokens:

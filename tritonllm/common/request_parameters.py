@@ -131,7 +131,10 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("num_top_log_probs", "INT32", "alternatives per token, with their log-probabilities", 0,
               within(0, MAX_TOP_LOG_PROBS), field="top_logprobs"),
     Parameter("return_prompt_log_probs", "BOOL", "each prompt token's log-probability given the tokens before "
-              "it (and num_top_log_probs alternatives)", False, field="prompt_logprobs"),
+              "it, its rank among the vocabulary (and num_top_log_probs alternatives)", False,
+              field="prompt_logprobs"),
+    Parameter("return_prompt_ids", "BOOL", "the prompt's token ids as the engine runs them, in a sample's first "
+              "response (vLLM's return_token_ids)", False, field="prompt_ids_returned"),
     Parameter("return_context_logits", "BOOL", "the prompt's logits, in the last response (TensorRT-LLM's)", False),
     Parameter("return_generation_logits", "BOOL", "each output token's logits", False),
     Parameter("guided_decoding_guide_type", "BYTES", "grammar-constrained decoding (llguidance): json, "

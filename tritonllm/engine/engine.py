@@ -326,7 +326,9 @@ class LLMEngine:
             return
         logprobs = torch.log_softmax(rows[: len(predicted)], -1)
         predicted_ids = torch.tensor(predicted, device=logprobs.device)
-        seq.recorded.prompt_logprobs += logprobs[torch.arange(len(predicted)), predicted_ids].tolist()
+        chosen = logprobs[torch.arange(len(predicted)), predicted_ids]
+        seq.recorded.prompt_logprobs += chosen.tolist()
+        seq.recorded.prompt_ranks += ((logprobs > chosen[:, None]).sum(-1) + 1).tolist()
         if p.top_log_probs:
             top = torch.topk(logprobs, p.top_log_probs)
             seq.recorded.prompt_top_logprobs += list(zip(top.indices.tolist(), top.values.tolist(), strict=True))

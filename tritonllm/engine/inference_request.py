@@ -256,6 +256,7 @@ def _params(get: TensorLookup, vocab_size: int) -> SamplingParams:
         return_context_logits=read(get, "return_context_logits"),
         return_generation_logits=read(get, "return_generation_logits"),
         return_prompt_log_probs=read(get, "return_prompt_log_probs"),
+        return_prompt_ids=read(get, "return_prompt_ids"),
     )
 
 

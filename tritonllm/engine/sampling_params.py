@@ -45,6 +45,7 @@ class SamplingParams:
     # Each prompt token's log-probability given what precedes it (and top_log_probs alternatives), as OpenAI's
     # completions give with echo and logprobs: how lm-eval and every log-likelihood benchmark score a model.
     return_prompt_log_probs: bool = False
+    return_prompt_ids: bool = False  # the prompt's ids, in the first response
 
     @property
     def greedy(self) -> bool:

@@ -66,6 +66,7 @@ class Recorded:
     context_logits: list[torch.Tensor] = field(default_factory=list)  # one [vocab] row per prompt position
     # From the second prompt token on: its log-probability, and the best alternatives, given the tokens before.
     prompt_logprobs: list[float] = field(default_factory=list)
+    prompt_ranks: list[int] = field(default_factory=list)  # each one's place among the vocabulary, 1 the likeliest
     prompt_top_logprobs: list[tuple[list[int], list[float]]] = field(default_factory=list)
     generation_logits: list[torch.Tensor] = field(default_factory=list)  # one [vocab] row per output token
 

@@ -66,6 +66,7 @@ class LoraRegistry:
                 "owned_by": "tritonllm",
                 "root": str(adapter.path),
                 "parent": self.base_name,
+                "max_model_len": None,
             }
             for name, adapter in self.adapters.items()
         ]

@@ -19,7 +19,7 @@ import numpy as np
 from tritonllm.shim.errors import APIError
 from tritonllm.shim.settings import ShimSettings
 from tritonllm.shim.triton_client import TritonLLMClient
-from tritonllm.shim.triton_errors import TritonRequestError
+from tritonllm.shim.triton_errors import TritonRequestError, TritonUnavailable
 from tritonllm.shim.triton_requests import GenerationRequest, Tokenized, TokenizeRequest
 from tritonllm.shim.triton_responses import ResponseDelta
 
@@ -42,6 +42,7 @@ class ModelPool:
         self._changing = asyncio.Lock()  # one load or unload at a time
         self._leaving: set[str] = set()  # being unloaded: a request for one waits to load it again
         self._released = asyncio.Condition()
+        self._card_facts: dict[str, dict] = {}
 
     async def close(self) -> None:
         for client in self.clients.values():
@@ -74,8 +75,23 @@ class ModelPool:
         async with self.using(model) as client:
             return await client.tokenizer_info()
 
-    async def embed(self, texts: list[str], instruction: str | None) -> tuple[np.ndarray, np.ndarray]:
-        return await self.first.embed(texts, instruction)
+    async def card_facts(self, model: str) -> dict:
+        """vLLM's `root` (the folder the LLM is served from) and `max_model_len` of its model card, remembered once
+        known. An LLM that is not loaded is not loaded for them, and a server that does not answer gives none:
+        the card lists the model all the same."""
+        if model not in self._card_facts:
+            client = self.clients[model]
+            try:
+                if self.models_max is not None and not await client.ready():
+                    return {}
+                info = await client.tokenizer_info()
+            except (TritonRequestError, TritonUnavailable):
+                return {}
+            self._card_facts[model] = {"root": info["name_or_path"] or None, "max_model_len": info["model_max_length"]}
+        return self._card_facts[model]
+
+    async def embed(self, rows: list[str] | list[list[int]], instruction: str | None) -> tuple[np.ndarray, np.ndarray]:
+        return await self.first.embed(rows, instruction)
 
     async def score(self, queries: list[str], documents: list[str]) -> tuple[np.ndarray, np.ndarray]:
         return await self.first.score(queries, documents)

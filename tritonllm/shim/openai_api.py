@@ -28,7 +28,9 @@ CompletionBody = Annotated[CompletionRequest, Depends(json_body(CompletionReques
 def build_router(settings: ShimSettings) -> APIRouter:
     router = APIRouter()
 
-    def check_model(name: str) -> Served:
+    def check_model(body: SamplingFields) -> Served:
+        """The LLM the body names, the first one when it names none (as vLLM and llama.cpp's server)."""
+        name = body.model = body.model or settings.served_model_name
         if name == settings.embedding_model_name:
             raise APIError(400, f"model {name!r} only embeds; use /v1/embeddings", "model")
         return settings.served(name)
@@ -55,36 +57,42 @@ def build_router(settings: ShimSettings) -> APIRouter:
             return StreamingResponse(render.whole_stream(choices), media_type="text/event-stream")
         return JSONResponse(render.whole(choices))
 
-    def cards() -> dict[str, dict]:
-        """Each served model's card; an LLM's says what its prompts take (`input_modalities`, text first)."""
+    async def cards(request: Request) -> dict[str, dict]:
+        """Each served model's card, with vLLM's `root`, `parent` and `max_model_len` (an adapter's root is its
+        folder, its parent the LLM); an LLM's says what its prompts take (`input_modalities`, text first)."""
         takes = {model.name: ["text", *model.media] for model in settings.llms()}
-        names = (*takes, settings.embedding_model_name, settings.rerank_model_name)
-        own = [{"id": name, "object": "model", "created": settings.started, "owned_by": "tritonllm"} for name in names]
-        for card in own:
-            if card["id"] in takes:
-                card["input_modalities"] = takes[card["id"]]
-        return {card["id"]: card for card in own + settings.loras.cards(settings.started) if card["id"] is not None}
+        names = [name for name in (*takes, settings.embedding_model_name, settings.rerank_model_name) if name]
+        own = []
+        for name in names:
+            card = {"id": name, "object": "model", "created": settings.started, "owned_by": "tritonllm"}
+            card |= {"root": name, "parent": None, "max_model_len": None}
+            if name in takes:
+                card |= await request.app.state.triton.card_facts(name)
+                card["root"] = card["root"] or name
+                card["input_modalities"] = takes[name]
+            own.append(card)
+        return {card["id"]: card for card in own + settings.loras.cards(settings.started)}
 
     @router.get("/v1/models")
-    async def models() -> dict:
-        return {"object": "list", "data": list(cards().values())}
+    async def models(request: Request) -> dict:
+        return {"object": "list", "data": list((await cards(request)).values())}
 
     @router.get("/v1/models/{model_id:path}")
-    async def model(model_id: str) -> dict:
-        served = cards()
+    async def model(request: Request, model_id: str) -> dict:
+        served = await cards(request)
         if model_id not in served:
             raise APIError(404, f"model {model_id!r} does not exist; this server has {sorted(served)}", "model")
         return served[model_id]
 
     @router.post("/v1/chat/completions")
     async def chat(request: Request, body: ChatBody) -> Any:
-        served = check_model(body.model)
+        served = check_model(body)
         gen = served.onto(chat_generation(body, served.settings))
         return await run(request, body, [gen], ChatRender(body, served.settings))
 
     @router.post("/v1/completions")
     async def completions(request: Request, body: CompletionBody) -> Any:
-        served = check_model(body.model)
+        served = check_model(body)
         body.check()
         check_size(sum(len(p) for p in body.prompt), "prompt")
         gens = []
@@ -108,7 +116,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
                 gen.prompt_logprobs = True  # they bring the prompt's text back too, which echo shows
             if body.max_tokens == 0:
                 gen.max_tokens = 1
-            gens.append(gen)
+            gens.append(body.applied(gen))
         return await run(request, body, gens, CompletionRender(body, served.settings))
 
     return router

@@ -19,7 +19,12 @@ Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool | None = False
+    """Where a stream's usage goes. Left out: on the last choice chunk (the pages' streaming examples); include_usage
+    true: in a chunk of its own after the choices (OpenAI), and with continuous_usage_stats (vLLM's) on every chunk
+    too; include_usage false: nowhere."""
+
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = False
 
 
 class SamplingFields(VLLMFields):
@@ -27,7 +32,7 @@ class SamplingFields(VLLMFields):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str
+    model: str | None = None  # left out: the first served LLM (vLLM's and llama.cpp's default)
     max_tokens: Annotated[int, Field(gt=0, le=INT32_MAX)] | None = None
     temperature: Annotated[float, Field(ge=0.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
@@ -83,6 +88,12 @@ class SamplingFields(VLLMFields):
     @property
     def output_limit(self) -> int | None:
         return self.max_tokens
+
+    def check(self) -> None:
+        """OpenAI's rules across fields that both routes share."""
+        if self.stream_options is not None and not self.stream:
+            raise APIError(400, "stream_options needs stream: true", "stream_options")
+        self.check_vllm_fields(bool(self.stream))
 
     def generation_request(self, default_max_tokens: int, **content: Any) -> GenerationRequest:
         top_k = None if self.top_k is None else (0 if self.top_k == -1 else self.top_k)
@@ -228,6 +239,7 @@ class ChatRequest(SamplingFields):
     # --trust-request-chat-template), and echo: the continued message's text repeated before the answer.
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = False
+    add_special_tokens: bool | None = False  # the tokenizer's special tokens (a BOS) on top of the template's
     chat_template_kwargs: dict[str, Any] | None = None
     chat_template: str | None = None
     echo: bool | None = False
@@ -255,6 +267,9 @@ class ChatRequest(SamplingFields):
         return last.rendered(len(self.messages) - 1)["content"] if self.echo and last.role == "assistant" else ""
 
     def check(self) -> None:
+        super().check()
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
         if self.modalities and set(self.modalities) - {"text"}:
             raise APIError(400, f"modalities: this model answers in text only, not {self.modalities}", "modalities")
         for name in ("audio", "web_search_options"):
@@ -350,12 +365,15 @@ class CompletionRequest(SamplingFields):
 
     def check(self) -> None:
         """The completions page's rules for n, best_of and beam search; max_tokens 0 only to echo the prompt."""
+        super().check()
         if self.max_tokens == 0 and not self.echo:
             raise APIError(
                 400, "max_tokens: 0 is only allowed with echo (the prompt's log-probabilities)", "max_tokens"
             )
         n, best_of = self.n or 1, self.best_of
         if self.use_beam_search:
+            if self.return_token_ids:
+                raise APIError(400, "return_token_ids cannot be combined with use_beam_search", "return_token_ids")
             if self.stop:
                 raise APIError(400, "use_beam_search cannot be combined with stop", "use_beam_search")
             return

@@ -31,7 +31,7 @@ class Document(BaseModel):
 class RerankRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model: str
+    model: str | None = None  # left out: the reranker
     query: str
     documents: Annotated[list[str | Document], Field(min_length=1, max_length=MAX_PAIRS)]
     top_n: Annotated[int, Field(ge=0)] | None = None  # None or 0: all of them
@@ -41,7 +41,7 @@ class RerankRequest(BaseModel):
 class ScoreRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model: str
+    model: str | None = None  # left out: the reranker
     text_1: str | Annotated[list[str], Field(min_length=1, max_length=MAX_PAIRS)]
     text_2: str | Annotated[list[str], Field(min_length=1, max_length=MAX_PAIRS)]
 
@@ -49,7 +49,9 @@ class ScoreRequest(BaseModel):
 def build_router(settings: ShimSettings) -> APIRouter:
     router = APIRouter()
 
-    def check_model(name: str) -> None:
+    def check_model(body: RerankRequest | ScoreRequest) -> None:
+        """The request's model must be the reranker; left out, it is."""
+        name = body.model = body.model or settings.rerank_model_name
         if settings.rerank_model_name is None:
             raise APIError(
                 404,
@@ -76,7 +78,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
     async def rerank(
         request: Request, body: Annotated[RerankRequest, Depends(json_body(RerankRequest))]
     ) -> JSONResponse:
-        check_model(body.model)
+        check_model(body)
         texts = [d if isinstance(d, str) else d.text for d in body.documents]
         scores, tokens = await scored(request, [body.query] * len(texts), texts, "documents")
         order = sorted(range(len(texts)), key=lambda i: -scores[i])[: body.top_n or None]
@@ -95,7 +97,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
         )
 
     async def score(request: Request, body: Annotated[ScoreRequest, Depends(json_body(ScoreRequest))]) -> JSONResponse:
-        check_model(body.model)
+        check_model(body)
         first = [body.text_1] if isinstance(body.text_1, str) else body.text_1
         second = [body.text_2] if isinstance(body.text_2, str) else body.text_2
         if len(first) == 1:

@@ -55,7 +55,7 @@ class ResponsesRequest(VLLMFields):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str
+    model: str | None = None  # left out: the first served LLM
     input: str | Annotated[list[dict[str, Any]], Field(min_length=1)]
     instructions: str | None = None
     max_output_tokens: Annotated[int, Field(gt=0, le=INT32_MAX)] | None = None
@@ -91,6 +91,9 @@ class ResponsesRequest(VLLMFields):
         for name in ("previous_response_id", "conversation", "prompt"):
             if getattr(self, name) is not None:
                 raise APIError(400, f"{name}: this server stores no responses; send the whole input instead", name)
+        for name in ("prompt_logprobs", "return_token_ids"):
+            if getattr(self, name) not in (None, False):
+                raise APIError(400, f"{name}: the Responses API has no place for it; use chat completions", name)
         if self.background:
             raise APIError(400, "background: this server answers in the foreground only", "background")
 
@@ -213,6 +216,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
 
     @router.post("/v1/responses")
     async def responses(request: Request, body: ResponsesBody) -> Any:
+        body.model = body.model or settings.served_model_name
         served = settings.served(body.model)
         body.check()
         chat = body.chat_request()

@@ -33,6 +33,8 @@ class Choice:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_text: str | None = None  # asked for by completions' echo
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_ids: list[int] | None = None  # asked for by return_token_ids
+    token_ids: list[int] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     accepted_prediction_tokens: int = 0
@@ -55,6 +57,9 @@ class Choice:
             self.reasoning, self.content = self.reasoning + thought, self.content + said
             self.last_split = (thought, said)
         self.logprobs += delta.logprobs
+        self.token_ids += delta.token_ids
+        if delta.prompt_ids is not None:
+            self.prompt_ids = delta.prompt_ids
         if delta.prompt_text is not None:
             self.prompt_text, self.prompt_logprobs = delta.prompt_text, delta.prompt_logprobs
         self.prompt_tokens, self.completion_tokens = delta.num_input_tokens, delta.num_output_tokens
@@ -163,9 +168,20 @@ class Render:
             **extra,
         }
 
-    def include_usage(self) -> bool:
+    def usage_chunk(self) -> bool:
+        """Whether a stream ends with a chunk of its own for the usage (stream_options.include_usage)."""
         options = self.body.stream_options
         return bool(options and options.include_usage)
+
+    def usage_on_finish(self) -> bool:
+        """Whether a choice's last chunk carries its usage: unless stream_options says where usage goes."""
+        options = self.body.stream_options
+        return options is None or options.include_usage is None
+
+    def continuous_usage(self) -> bool:
+        """vLLM's continuous_usage_stats: every chunk carries the usage so far (with include_usage)."""
+        options = self.body.stream_options
+        return self.usage_chunk() and bool(options.continuous_usage_stats)
 
     def timings(self, choice: Choice) -> dict:
         """The spec's prefill_time (to the first token) and decode_time_arr (one entry a token after the first), in
@@ -188,19 +204,19 @@ class Render:
         try:
             async with aclosing(pieces):
                 async for index, piece in pieces:
-                    if index not in choices:
-                        choices[index] = self.new_choice()
-                        for opening in self.opening(index):
-                            yield sse(opening)
-                    choice = choices[index]
+                    opened = index in choices
+                    choice = choices.setdefault(index, self.new_choice())
                     choice.add(piece)
-                    for event in self.events(index, piece, choice):
+                    events = self.events(index, piece, choice)
+                    for event in ([] if opened else self.opening(index, choice)) + events:
+                        if self.continuous_usage():
+                            event["usage"] = self.usage([choice])
                         yield sse(event)
         except APIError as e:
             yield sse(e.body())
             return
         ordered = [choices[i] for i in sorted(choices)]
-        if ordered and self.include_usage():
+        if ordered and self.usage_chunk():
             yield sse(self.envelope(self.object_chunk, [], usage=self.usage(ordered)))
         yield sse("[DONE]")
 
@@ -211,5 +227,6 @@ class Render:
     def usage(self, choices: list[Choice]) -> dict:
         return usage_of(choices)
 
-    def opening(self, index: int) -> list[dict]:
+    def opening(self, index: int, choice: Choice) -> list[dict]:
+        """The chunks before a choice's first."""
         return []

@@ -21,8 +21,6 @@ def chat_generation(body: ChatRequest, settings: ShimSettings, where: str = "mes
     body.check()
     messages = [m.rendered(i, where, settings.media) for i, m in enumerate(body.messages)]
     check_size(sum(text_chars(m["content"]) for m in messages), where)
-    if body.top_logprobs and not body.logprobs:
-        raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
     prediction = body.prediction.text() if body.prediction else None
     check_size(len(prediction or ""), "prediction")
     if body.chat_template is not None and not settings.trust_request_chat_template:
@@ -33,7 +31,7 @@ def chat_generation(body: ChatRequest, settings: ShimSettings, where: str = "mes
             "chat_template",
         )
     guide = body.guide(FORMATS[settings.tool_call_parser])
-    return body.generation_request(
+    gen = body.generation_request(
         settings.default_max_tokens,
         messages=messages,
         tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
@@ -44,9 +42,11 @@ def chat_generation(body: ChatRequest, settings: ShimSettings, where: str = "mes
         prediction=prediction,
         add_generation_prompt=body.add_generation_prompt,
         continue_final_message=body.continue_final_message or None,
+        add_special_tokens=body.add_special_tokens or None,
         chat_template_kwargs=body.template_variables() or None,
         chat_template=body.chat_template,
     )
+    return body.applied(gen)
 
 
 def thinking_fields(body: ChatRequest, settings: ShimSettings, guide: tuple[str, str] | None) -> dict[str, Any]:
@@ -101,12 +101,15 @@ class ChatRender(Render):
     def new_parser(self) -> ToolCallParser:
         return ToolCallParser(self.tool_format, self.max_calls)
 
-    def opening(self, index: int) -> list[dict]:
+    def opening(self, index: int, choice: Choice) -> list[dict]:
         self.shown[index] = self.echoed
         delta = {"role": "assistant", "content": self.echoed}
+        extra = {"prompt_token_ids": choice.prompt_ids} if self.body.return_token_ids else {}
         return [
             self.envelope(
-                self.object_chunk, [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]
+                self.object_chunk,
+                [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}],
+                **extra,
             )
         ]
 
@@ -139,13 +142,16 @@ class ChatRender(Render):
         if calls:
             delta["tool_calls"] = calls
         finish = self.finish_reason(piece.finish_reason, parser) if piece.finish_reason else None
-        if not delta and not finish and not piece.delta.logprobs:
+        token_ids = piece.delta.token_ids if self.body.return_token_ids else []
+        if not delta and not finish and not piece.delta.logprobs and not token_ids:
             return []
         out = {"index": index, "delta": delta, "logprobs": self.logprobs(piece.delta.logprobs), "finish_reason": finish}
+        if self.body.return_token_ids:
+            out["token_ids"] = token_ids
         extra: dict[str, Any] = {}
         if finish and self.full_text:
             extra["full_text"] = choice.text
-        if finish and not self.include_usage():
+        if finish and self.usage_on_finish():
             extra["usage"] = self.usage([choice])
         return [self.envelope(self.object_chunk, [out], **extra)]
 
@@ -156,9 +162,10 @@ class ChatRender(Render):
         def entry(token: str, logprob: float) -> dict:
             return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
 
+        k = self.body.top_logprobs or 0  # the wire may carry more, for prompt_logprobs
         return {
             "content": [
-                {**entry(t.token, t.logprob), "top_logprobs": [entry(tok, lp) for tok, lp in t.top]}
+                {**entry(t.token, t.logprob), "top_logprobs": [entry(tok, lp) for tok, lp in t.top[:k]]}
                 for t in self.body.named(tokens)
             ]
         }
@@ -182,9 +189,15 @@ class ChatRender(Render):
                     "message": message,
                     "logprobs": self.logprobs(choice.logprobs),
                     "finish_reason": finish,
+                    **({"token_ids": choice.token_ids} if self.body.return_token_ids else {}),
                 }
             )
-        return self.envelope(self.object_whole, out, usage=self.usage(choices), **self.timings(choices[0]))
+        extra: dict[str, Any] = {}
+        if self.body.prompt_logprobs is not None:
+            extra["prompt_logprobs"] = self.body.prompt_logprobs_of(choices[0].prompt_logprobs)
+        if self.body.return_token_ids:
+            extra["prompt_token_ids"] = choices[0].prompt_ids
+        return self.envelope(self.object_whole, out, usage=self.usage(choices), **extra, **self.timings(choices[0]))
 
     def usage(self, choices: list[Choice]) -> dict:
         counts = usage_of(choices)

@@ -33,8 +33,9 @@ class CompletionRender(Render):
 
     def events(self, index: int, piece: Piece, choice: Choice) -> list[dict]:
         text, tokens = self.generated(piece.text, piece.delta.logprobs)
-        if self.body.echo and index not in self.echoed:
-            self.echoed.add(index)
+        first = index not in self.echoed
+        self.echoed.add(index)
+        if self.body.echo and first:
             text, tokens = self.echo_of(index, piece.delta.prompt_text) + text, piece.delta.prompt_logprobs + tokens
         if piece.finish_reason and self.body.suffix:
             text += self.body.suffix
@@ -42,7 +43,8 @@ class CompletionRender(Render):
             text = (self.echo_of(index, choice.prompt_text) if self.body.echo else "") + self.generated(
                 choice.text, []
             )[0]
-        if not text and not piece.finish_reason:
+        token_ids = [] if self.prompt_only or not self.body.return_token_ids else piece.delta.token_ids
+        if not text and not piece.finish_reason and not token_ids and not (first and self.body.return_token_ids):
             return []
         out = {
             "index": index,
@@ -51,8 +53,19 @@ class CompletionRender(Render):
             "finish_reason": self.finish_reason(piece.finish_reason) if piece.finish_reason else None,
             "stop_reason": piece.stop,
         }
-        extra = {"usage": self.usage([choice])} if piece.finish_reason and not self.include_usage() else {}
+        if self.body.return_token_ids:
+            out |= {"prompt_token_ids": choice.prompt_ids if first else None, "token_ids": token_ids}
+        extra = {"usage": self.usage([choice])} if piece.finish_reason and self.usage_on_finish() else {}
         return [self.envelope(self.object_chunk, [out], **extra)]
+
+    def vllm_extras(self, choice: Choice) -> dict:
+        """A whole choice's prompt_logprobs and token ids, where the request asked for them."""
+        extras: dict = {}
+        if self.body.prompt_logprobs is not None:
+            extras["prompt_logprobs"] = self.body.prompt_logprobs_of(choice.prompt_logprobs)
+        if self.body.return_token_ids:
+            extras |= {"prompt_token_ids": choice.prompt_ids, "token_ids": [] if self.prompt_only else choice.token_ids}
+        return extras
 
     def finish_reason(self, reason: str) -> str:
         return "length" if self.prompt_only else OPENAI_FINISH[reason]
@@ -83,10 +96,12 @@ class CompletionRender(Render):
             "token_logprobs": [t.logprob for t in tokens],
             "tokens": [t.token for t in tokens],
             # the prompt's first token has no log-probability, nor alternatives
-            "top_logprobs": [None if t.logprob is None else dict(t.top) for t in tokens]
-            if self.body.logprobs
-            else None,
+            "top_logprobs": [None if t.logprob is None else self.top_of(t) for t in tokens],
         }
+
+    def top_of(self, token: TokenLogprob) -> dict[str, float]:
+        """The `logprobs` likeliest tokens and the sampled one, which OpenAI always adds (up to logprobs + 1)."""
+        return {**dict(token.top[: self.body.logprobs]), token.token: token.logprob}
 
     def whole(self, choices: list[Choice]) -> dict:
         n, per_prompt = self.body.n or 1, len(choices) // len(self.body.prompt)
@@ -108,6 +123,7 @@ class CompletionRender(Render):
                     "logprobs": self.logprobs(index, tokens),
                     "finish_reason": self.finish_reason(choice.finish_reason),
                     "stop_reason": choice.stop,
+                    **self.vllm_extras(choice),
                 }
             )
         return self.envelope(self.object_whole, out, usage=self.usage(chosen), **self.timings(chosen[0]))

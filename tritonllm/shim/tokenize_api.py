@@ -26,8 +26,10 @@ class TokenizeBody(BaseModel):
     prompt: str | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
     tools: list[ToolObject] | None = None
-    add_special_tokens: bool | None = None  # default: true for a prompt; a chat template adds its own
-    add_generation_prompt: bool = True
+    # the tokenizer's special tokens (a BOS): by default for a prompt, not for messages, whose template writes them
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool | None = None  # default: true, false with continue_final_message
+    continue_final_message: bool = False
     return_token_strs: bool = False
 
 
@@ -63,12 +65,19 @@ def build_router(settings: ShimSettings) -> APIRouter:
         if body.messages is not None:
             messages = [m.rendered(i) for i, m in enumerate(body.messages)]
             check_size(sum(len(m["content"]) for m in messages), "messages")
-            if body.add_special_tokens:
-                raise APIError(400, "add_special_tokens: the chat template adds the model's own", "add_special_tokens")
+            continued = body.continue_final_message
+            if continued and body.add_generation_prompt:
+                raise APIError(
+                    400, "continue_final_message needs add_generation_prompt: false", "continue_final_message"
+                )
             tokenize_request = TokenizeRequest(
                 messages=messages,
                 tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
-                add_generation_prompt=body.add_generation_prompt,
+                add_special_tokens=bool(body.add_special_tokens),
+                add_generation_prompt=not continued
+                if body.add_generation_prompt is None
+                else body.add_generation_prompt,
+                continue_final_message=continued,
             )
         else:
             check_size(len(body.prompt), "prompt")

@@ -248,12 +248,20 @@ class TritonLLMClient:
                 self._mux = channel if opened else None
         return self._mux if self._mux is not None and not self._mux.closed else None
 
-    async def embed(self, texts: list[str], instruction: str | None) -> tuple[np.ndarray, np.ndarray]:
-        """Each text's vector [rows, dimension] and token count [rows] from the `embedding` model."""
-        rows = text_rows(texts)
-        inputs = [infer_input("text_input", "BYTES", rows)]
-        if instruction:
-            inputs.append(infer_input("instruction", "BYTES", np.full_like(rows, instruction.encode("utf-8"))))
+    async def embed(self, rows: list[str] | list[list[int]], instruction: str | None) -> tuple[np.ndarray, np.ndarray]:
+        """Each text's (or token-id list's) vector [rows, dimension] and token count [rows] from the `embedding`
+        model."""
+        if isinstance(rows[0], list):
+            lengths = np.array([[len(ids)] for ids in rows], dtype=np.int32)
+            padded = np.zeros((len(rows), int(lengths.max())), dtype=np.int32)
+            for row, ids in enumerate(rows):
+                padded[row, : len(ids)] = ids
+            inputs = [infer_input("input_ids", "INT32", padded), infer_input("input_lengths", "INT32", lengths)]
+        else:
+            texts = text_rows(rows)
+            inputs = [infer_input("text_input", "BYTES", texts)]
+            if instruction:
+                inputs.append(infer_input("instruction", "BYTES", np.full_like(texts, instruction.encode("utf-8"))))
         result = await self._infer(EMBEDDING, inputs)
         return result.as_numpy("embedding"), result.as_numpy("num_input_tokens").reshape(-1)
 

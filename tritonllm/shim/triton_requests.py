@@ -33,6 +33,7 @@ class GenerationRequest:
     # how the messages are rendered (preprocessing's inputs of the same names)
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
+    add_special_tokens: bool | None = None  # the tokenizer's special tokens on top of the template's
     chat_template_kwargs: dict[str, Any] | None = None
     chat_template: str | None = None
     thinking_budget: int | None = None  # thinking tokens before the closing tag is forced
@@ -55,11 +56,14 @@ class GenerationRequest:
     ignore_eos: bool | None = None
     use_raw_prompt: bool | None = None
     truncate_prompt: bool | None = None
+    truncate_prompt_tokens: int | None = None  # vLLM's: the prompt's last (or first) so many tokens; -1: what fits
+    truncation_side: str | None = None  # "left" (the default) keeps the last tokens, "right" the first
     num_samples: int = 1  # samples of the prompt (num_return_sequences)
     beam_width: int = 1  # > 1: beam search; num_samples best beams come back
     logprobs: bool | None = None
     top_logprobs: int | None = None
     prompt_logprobs: bool | None = None  # each prompt token's log-probability (completions' echo)
+    prompt_ids_returned: bool | None = None  # the prompt's ids in a sample's first response
     guide: tuple[str, str] | None = None  # (guided_decoding_guide_type, guided_decoding_guide)
     priority: int | None = None  # 1 highest .. 5 lowest
     timeout_ms: int | None = None  # the engine ends the generation with finish reason "timeout"
@@ -97,7 +101,7 @@ class GenerationRequest:
             tensors.append(("chat_messages", "BYTES", bytes_tensor(json.dumps(self.messages))))
             if self.tools:
                 tensors.append(("chat_tools", "BYTES", bytes_tensor(json.dumps(self.tools))))
-            for name in ("add_generation_prompt", "continue_final_message"):
+            for name in ("add_generation_prompt", "continue_final_message", "add_special_tokens"):
                 if getattr(self, name) is not None:
                     tensors.append((name, "BOOL", _scalar("BOOL", getattr(self, name))))
             if self.chat_template_kwargs:
@@ -122,6 +126,10 @@ class GenerationRequest:
             tensors.append(("num_return_sequences", "INT32", _scalar("INT32", self.num_samples)))
         if self.beam_width > 1:
             tensors.append(("beam_width", "INT32", _scalar("INT32", self.beam_width)))
+        if self.truncate_prompt_tokens is not None:
+            tensors.append(("truncate_prompt_tokens", "INT32", _scalar("INT32", self.truncate_prompt_tokens)))
+            if self.truncation_side is not None:
+                tensors.append(("truncation_side", "BYTES", bytes_tensor(self.truncation_side)))
         if self.prediction:
             tensors.append(("prediction", "BYTES", bytes_tensor(self.prediction)))
         if self.lora is not None:
@@ -147,8 +155,9 @@ class TokenizeRequest:
     text: str | None = None
     messages: list[dict] | None = None
     tools: list[dict] | None = None
-    add_special_tokens: bool = True  # for text; a chat template adds its own
+    add_special_tokens: bool = True  # for a chat, the tokenizer's own on top of what its template writes
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     token_strs: bool = False
     model: str | None = None  # the served LLM whose tokenizer it is; None: the first
 
@@ -157,11 +166,15 @@ class TokenizeRequest:
             tensors = [("chat_messages", "BYTES", bytes_tensor(json.dumps(self.messages)))]
             if self.tools:
                 tensors.append(("chat_tools", "BYTES", bytes_tensor(json.dumps(self.tools))))
-            flag = ("add_generation_prompt", self.add_generation_prompt)
+            flags = {
+                "add_generation_prompt": self.add_generation_prompt,
+                "continue_final_message": self.continue_final_message,
+                "add_special_tokens": self.add_special_tokens,
+            }
         else:
             tensors = [("text_input", "BYTES", bytes_tensor(self.text or ""))]
-            flag = ("use_raw_prompt", not self.add_special_tokens)
-        tensors.append((flag[0], "BOOL", np.array([[flag[1]]], dtype=bool)))
+            flags = {"use_raw_prompt": not self.add_special_tokens}
+        tensors += [(name, "BOOL", np.array([[value]], dtype=bool)) for name, value in flags.items()]
         return [infer_input(name, dt, array) for name, dt, array in tensors]
 
 

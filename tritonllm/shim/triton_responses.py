@@ -20,6 +20,7 @@ class TokenLogprob:
     top: list[tuple[str, float]]  # the best alternatives, best first
     token_id: int | None = None  # where known: the token's id, and its alternatives'
     top_ids: list[int] = field(default_factory=list)
+    rank: int | None = None  # a prompt token's: its place among the vocabulary by log-probability (1: the likeliest)
 
     def as_token_ids(self) -> TokenLogprob:
         """vLLM's return_tokens_as_token_ids: each token named `token_id:<id>`, as text may not tell them apart."""
@@ -45,6 +46,8 @@ class ResponseDelta:
     logprobs: list[TokenLogprob]
     arrived: float  # time.monotonic()
     token_texts: list[str] = field(default_factory=list)  # each new token's own text (decoded alone)
+    token_ids: list[int] = field(default_factory=list)  # the new tokens (the first beam's)
+    prompt_ids: list[int] | None = None  # asked for by return_prompt_ids, in a sample's first delta
     # asked for by return_prompt_log_probs, in a sample's first delta: the prompt as text, and its tokens' log-probs
     prompt_text: str | None = None
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # the first one's logprob is None
@@ -82,6 +85,8 @@ class ResponseDelta:
             logprobs=_token_log_probs(output, tokens, ids),
             arrived=time.monotonic(),
             token_texts=tokens,
+            token_ids=ids,
+            prompt_ids=None if (prompt := output("prompt_ids")) is None else prompt.reshape(-1).tolist(),
             **_prompt_log_probs(scalar("prompt_log_probs_json", b"")),
         )
 
@@ -114,7 +119,12 @@ def _prompt_log_probs(raw: bytes) -> dict:
     parsed = json.loads(raw)
     tokens = [
         TokenLogprob(
-            t["token"], t["logprob"], [(text, lp) for text, lp, _ in t["top"]], t["id"], [i for *_, i in t["top"]]
+            t["token"],
+            t["logprob"],
+            [(text, lp) for text, lp, _ in t["top"]],
+            t["id"],
+            [i for *_, i in t["top"]],
+            t.get("rank"),
         )
         for t in parsed["tokens"]
     ]

@@ -9,12 +9,13 @@ with a Warning header, as vLLM does.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from tritonllm.common.request_parameters import INT32_MAX, LOWEST_PRIORITY
+from tritonllm.common.request_parameters import INT32_MAX, LOWEST_PRIORITY, MAX_TOP_LOG_PROBS
 from tritonllm.shim.errors import APIError
+from tritonllm.shim.triton_requests import GenerationRequest
 from tritonllm.shim.triton_responses import TokenLogprob
 
 
@@ -44,6 +45,56 @@ class VLLMFields(BaseModel):
     guided_grammar: str | None = None
     # log-probs name each token `token_id:<id>`, as text alone may not tell tokens apart (RL trainers ask it)
     return_tokens_as_token_ids: bool | None = None
+    # the ids of the prompt (top-level `prompt_token_ids`) and of each choice's tokens (`token_ids`), streamed too
+    return_token_ids: bool | None = None
+    # each prompt token's log-probability with this many alternatives (0: none), as `prompt_logprobs`;
+    # vLLM's -1 (the whole vocabulary) is over its default --max-logprobs, as here
+    prompt_logprobs: int | None = None
+    # the prompt cut to its last (truncation_side "left", the default) or first ("right") this many tokens;
+    # -1: to the context less the answer's room
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = None
+    truncation_side: Literal["left", "right"] | None = None
+
+    def check_vllm_fields(self, streaming: bool) -> None:
+        """vLLM's rules for its fields, as its protocol and engine refuse them."""
+        k = self.prompt_logprobs
+        if k is not None:
+            if streaming:
+                raise APIError(400, "prompt_logprobs are not available when stream is true", "prompt_logprobs")
+            if k < 0 and k != -1:
+                raise APIError(400, f"prompt_logprobs must be >= 0 or -1, got {k}", "prompt_logprobs")
+            if k == -1 or k > MAX_TOP_LOG_PROBS:
+                asked = "the whole vocabulary" if k == -1 else str(k)
+                raise APIError(
+                    400,
+                    f"prompt_logprobs: {asked} alternatives asked for, more than the {MAX_TOP_LOG_PROBS} allowed",
+                    "prompt_logprobs",
+                )
+
+    def applied(self, gen: GenerationRequest) -> GenerationRequest:
+        """`gen` with what these fields ask of the engine. Prompt and answer share one count of alternatives on
+        the wire: the larger is asked for, and each is cut to its own when rendered."""
+        if self.prompt_logprobs is not None:
+            gen.prompt_logprobs = True
+            gen.top_logprobs = max(gen.top_logprobs or 0, self.prompt_logprobs) or None
+        gen.prompt_ids_returned = self.return_token_ids or None
+        gen.truncate_prompt_tokens, gen.truncation_side = self.truncate_prompt_tokens, self.truncation_side
+        return gen
+
+    def prompt_logprobs_of(self, tokens: list[TokenLogprob]) -> list[dict | None]:
+        """vLLM's prompt_logprobs: None for the first token (nothing predicts it), then for each token, by id, its
+        own log-probability and rank and those of the prompt_logprobs likeliest tokens."""
+        k = self.prompt_logprobs or 0
+        out: list[dict | None] = []
+        for t in tokens:
+            if t.logprob is None:
+                out.append(None)
+                continue
+            entry = {str(t.token_id): {"logprob": t.logprob, "rank": t.rank, "decoded_token": t.token}}
+            for rank, (token_id, (text, logprob)) in enumerate(zip(t.top_ids[:k], t.top[:k], strict=True), 1):
+                entry.setdefault(str(token_id), {"logprob": logprob, "rank": rank, "decoded_token": text})
+            out.append(entry)
+        return out
 
     def named(self, tokens: list[TokenLogprob]) -> list[TokenLogprob]:
         """Log-probs' tokens as the request wants them named."""

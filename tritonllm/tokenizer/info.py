@@ -7,9 +7,11 @@ import json
 SPECIAL = ("bos_token", "eos_token", "pad_token", "unk_token")
 
 
-def tokenizer_info(tokenizer, context_len: int) -> str:
-    """JSON: the tokenizer's class, special tokens, chat template and the context it serves."""
+def tokenizer_info(tokenizer, context_len: int, name_or_path: str = "") -> str:
+    """JSON: the tokenizer's class, special tokens, chat template, the context it serves and the folder it comes
+    from (`name_or_path`, as transformers names it)."""
     info = {
+        "name_or_path": name_or_path,
         "tokenizer_class": getattr(tokenizer, "tokenizer_class", type(tokenizer).__name__),
         **{name: getattr(tokenizer, name) for name in SPECIAL},
         "chat_template": tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None,

@@ -43,7 +43,7 @@ EMPTY = np.zeros((1, 1, 0), dtype=np.float32)
 EMPTY_TOP = np.zeros((1, 1, 0, 0), dtype=np.float32)
 
 # Sent by the llm only when asked for, and handed on as they are.
-PASSED_ON = ("cum_log_probs", "context_logits", "generation_logits")
+PASSED_ON = ("cum_log_probs", "context_logits", "generation_logits", "prompt_ids")
 
 
 def _strings(texts) -> np.ndarray:
@@ -112,19 +112,19 @@ def _log_probs(decode, inputs: dict[str, np.ndarray], num_tokens: int) -> dict[s
 
 
 def _prompt_log_probs(tokenizer, rows: np.ndarray) -> str:
-    """The llm's [token id, log-prob, k ids, k log-probs] rows as JSON: the prompt's text, and each token's text,
-    id, log-probability and alternatives ([text, log-probability, id] each)."""
+    """The llm's [token id, log-prob, rank, k ids, k log-probs] rows as JSON: the prompt's text, and each token's
+    text, id, log-probability, rank and alternatives ([text, log-probability, id] each)."""
     if not len(rows):
         return ""
-    decode, k = tokenizer.decode, (rows.shape[1] - 2) // 2
+    decode, k = tokenizer.decode, (rows.shape[1] - 3) // 2
 
     def entry(row: np.ndarray) -> dict:
         token_id, logprob = int(row[0]), float(row[1])
         token = decode([token_id])
         if np.isnan(logprob):  # the first token: nothing predicts it
-            return {"token": token, "id": token_id, "logprob": None, "top": []}
-        top = [[decode([int(t)]), float(v), int(t)] for t, v in zip(row[2 : 2 + k], row[2 + k :], strict=True)]
-        return {"token": token, "id": token_id, "logprob": logprob, "top": top}
+            return {"token": token, "id": token_id, "logprob": None, "rank": None, "top": []}
+        top = [[decode([int(t)]), float(v), int(t)] for t, v in zip(row[3 : 3 + k], row[3 + k :], strict=True)]
+        return {"token": token, "id": token_id, "logprob": logprob, "rank": int(row[2]), "top": top}
 
     prompt = decode([int(row[0]) for row in rows])
     return json.dumps({"text": prompt, "tokens": [entry(row) for row in rows]}, ensure_ascii=False)

@@ -1,4 +1,5 @@
-"""Triton adapter for tritonllm.backend.embedding: rows of text in, one vector and one token count per row out.
+"""Triton adapter for tritonllm.backend.embedding: rows of text (or of token ids, with their lengths) in, one
+vector and one token count per row out.
 
 A request with a text over the model's token limit gets an error naming the row; the other requests of the
 batch are answered.
@@ -30,6 +31,31 @@ def _texts(request, name: str) -> list[str] | None:
     return strings(tensor.as_numpy(), name)
 
 
+def _id_rows(request) -> list[list[int]] | None:
+    """input_ids [rows, width], each row cut at its input_lengths (the whole width without them)."""
+    ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
+    if ids is None:
+        return None
+    array = ids.as_numpy()
+    lengths = pb_utils.get_input_tensor_by_name(request, "input_lengths")
+    widths = [array.shape[1]] * len(array) if lengths is None else lengths.as_numpy().reshape(-1).tolist()
+    if len(widths) != len(array) or not all(0 < w <= array.shape[1] for w in widths):
+        raise errors.RequestError("input_lengths", f"input_lengths must be one in [1, {array.shape[1]}] per row")
+    return [row[:width].tolist() for row, width in zip(array, widths, strict=True)]
+
+
+def _prepared(embedder, request) -> tuple[list, list[int]]:
+    """The rows a request asks to embed, as the embedder reads them, and their token counts."""
+    texts, rows = _texts(request, "text_input"), _id_rows(request)
+    if (texts is None) == (rows is None):
+        raise errors.RequestError("text_input", "give text_input or input_ids (with input_lengths)")
+    if rows is None:
+        return embedder.prepare(texts, _texts(request, "instruction"))
+    if _texts(request, "instruction") is not None:
+        raise errors.RequestError("instruction", "an instruction is text: it cannot go before token ids")
+    return embedder.prepare_ids(rows)
+
+
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         params = ModelParameters(args)
@@ -43,10 +69,10 @@ class TritonPythonModel:
     def execute(self, requests: list) -> list:
         if self.embedder is None:
             self.embedder = SentenceEmbedder(self.model_dir)
-        prepared: list[tuple[list[str], list[int]] | pb_utils.TritonError] = []
+        prepared: list[tuple[list, list[int]] | pb_utils.TritonError] = []
         for request in requests:
             try:
-                prepared.append(self.embedder.prepare(_texts(request, "text_input"), _texts(request, "instruction")))
+                prepared.append(_prepared(self.embedder, request))
             except Exception as e:  # a RequestError is the request's fault; anything else a bug, logged
                 prepared.append(pb_utils.TritonError(errors.to_message(e, request.request_id(), log)))
         rows = [text for p in prepared if not isinstance(p, pb_utils.TritonError) for text in p[0]]

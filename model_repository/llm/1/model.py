@@ -174,7 +174,7 @@ class TritonPythonModel:
         channel = self.channels.get(name.decode()) if isinstance(name, bytes) else None
         if channel is None or more_than_tokens or params.return_log_probs or params.top_log_probs:
             return None
-        if params.wants_prompt_logits or params.return_generation_logits:
+        if params.wants_prompt_logits or params.return_generation_logits or params.return_prompt_ids:
             return None
         if channel.is_cancelled():  # its client has gone
             del self.channels[name.decode()]
