@@ -20,9 +20,10 @@ CANDIDATES = {"INT32": [-2, -1, 0, 1, 2, 100], "FP32": [-1.0, 0.0, 0.5, 1.0, 1.5
 # own structure takes (samples and beams change how many responses come back)
 UNDECLARED_FIELDS = {
     "max_tokens", "max_tokens_must_fit", "text", "prompt_ids", "messages", "tools", "stop_token_ids", "logit_bias",
-    "ignore_eos", "use_raw_prompt", "truncate_prompt", "truncate_prompt_tokens", "truncation_side", "num_samples", "beam_width", "guide", "stream", "request_id",
-    "prediction", "add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template_kwargs", "chat_template",
-    "thinking_open", "lora", "lora_weights_attached", "model",
+    "ignore_eos", "use_raw_prompt", "truncate_prompt", "truncate_prompt_tokens", "truncation_side", "num_samples",
+    "beam_width", "guide", "stream", "request_id", "prediction", "add_generation_prompt", "continue_final_message",
+    "add_special_tokens", "chat_template_kwargs", "chat_template", "thinking_open", "lora", "lora_weights_attached",
+    "model",
 }  # fmt: skip
 
 
