@@ -172,9 +172,10 @@ def cancelled_count(triton) -> float:
 
 
 def long_running(triton, stream, model: str, inputs: list, request_id: str) -> Stream:
-    """A stream of a 1900-token generation that the engine is running."""
+    """A stream of a 1900-token generation that the engine is running. `min_tokens` holds off the end id: a random
+    model's greedy text can reach it within a few tokens, and the generation would end before the test ends it."""
     s = stream()
-    s.send(model, inputs, request_id=request_id)
+    s.send(model, [*inputs, tensor("min_tokens", [[1900]], "INT32")], request_id=request_id)
     assert wait_for(lambda: metric(triton, "tritonllm_kv_blocks_used") > 0)
     return s
 
