@@ -4,6 +4,7 @@ unknown field fails too)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import helm_python as helm
@@ -21,6 +22,7 @@ EVERYTHING_ON = {
     "autoscaling": {"enabled": True},
     "model": {"persistentVolumeClaim": "models"},
     "shim": {"apiKeySecret": "tritonllm-api-key"},
+    "grafanaDashboard": {"enabled": True},
     "nodeSelector": {"nvidia.com/gpu.present": "true"},
     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
 }
@@ -47,10 +49,17 @@ def test_the_chart_lints_clean():
 @pytest.mark.parametrize("values", [None, EVERYTHING_ON], ids=["defaults", "everything-on"])
 def test_every_manifest_is_valid_against_the_kubernetes_schemas(values):
     manifests = render(values)
-    expected = {"Deployment", "Service", "PodDisruptionBudget"} | ({"HorizontalPodAutoscaler"} if values else set())
+    optional = {"HorizontalPodAutoscaler", "ConfigMap"}
+    expected = {"Deployment", "Service", "PodDisruptionBudget"} | (optional if values else set())
     assert set(manifests) == expected
     for manifest in manifests.values():
         kubernetes_validate.validate(manifest, KUBERNETES, strict=True)
+
+
+def test_the_dashboard_configmap_holds_the_dashboard_file_for_grafanas_sidecar():
+    configmap = render({"grafanaDashboard": {"enabled": True}})["ConfigMap"]
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(configmap["data"]["tritonllm.json"]) == json.loads((CHART / "dashboards" / "tritonllm.json").read_text())
 
 
 def test_the_validator_refuses_what_kubernetes_would():
