@@ -59,7 +59,8 @@ def test_every_manifest_is_valid_against_the_kubernetes_schemas(values):
 def test_the_dashboard_configmap_holds_the_dashboard_file_for_grafanas_sidecar():
     configmap = render({"grafanaDashboard": {"enabled": True}})["ConfigMap"]
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
-    assert json.loads(configmap["data"]["tritonllm.json"]) == json.loads((CHART / "dashboards" / "tritonllm.json").read_text())
+    dashboard = json.loads((CHART / "dashboards" / "tritonllm.json").read_text())
+    assert json.loads(configmap["data"]["tritonllm.json"]) == dashboard
 
 
 def test_the_validator_refuses_what_kubernetes_would():
