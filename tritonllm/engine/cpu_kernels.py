@@ -16,8 +16,10 @@ import fcntl
 import functools
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from tritonllm.engine.kernel_build_progress import KernelBuildProgress
 
 log = logging.getLogger(__name__)
 
@@ -70,28 +72,39 @@ def target() -> tuple[str, str]:
     return ISAS[isa()]
 
 
-def build():
+def build_dir() -> Path:
+    """Where the kernels for $TRITONLLM_CPU_ISA are built and cached."""
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(CACHE))
+    return Path(os.environ["TORCH_EXTENSIONS_DIR"]) / target()[1]
+
+
+def is_built() -> bool:
+    """Whether a build for $TRITONLLM_CPU_ISA is cached, newer than every source (else `build` compiles)."""
+    module = build_dir() / f"{target()[1]}.so"
+    return module.exists() and all(module.stat().st_mtime >= source.stat().st_mtime for source in SOURCES)
+
+
+def build(progress: Callable[[str], None] | None = None):
     """Compiles the kernels for this machine's CPU (or the instruction sets $TRITONLLM_CPU_ISA names), or loads the
     build already cached; raises when it cannot. `make install` runs it (`tritonllm build-kernels`), so that a
-    model's load only loads them."""
+    model's load only loads them. `progress` hears how far a compile has got, every few seconds."""
     import ninja
     from torch.utils.cpp_extension import load
 
     march, name = target()
-
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(CACHE))
-    build_dir = Path(os.environ["TORCH_EXTENSIONS_DIR"]) / name
-    build_dir.mkdir(parents=True, exist_ok=True)
-    with _exclusive(build_dir / "build.flock"), _path_first(ninja.BIN_DIR):
+    folder = build_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    told = KernelBuildProgress(folder, len(SOURCES), progress) if progress else contextlib.nullcontext()
+    with _exclusive(folder / "build.flock"), _path_first(ninja.BIN_DIR), told:
         # torch's own lock file outlives a builder that was killed, and then every later load waits for it
         # forever; whoever holds it also holds build.flock, which the kernel releases when its holder dies.
-        (build_dir / "lock").unlink(missing_ok=True)
+        (folder / "lock").unlink(missing_ok=True)
         return load(
             name=name,
             sources=[str(source) for source in SOURCES],
             extra_cflags=["-O3", march, "-fopenmp"],
             extra_ldflags=["-fopenmp"],
-            build_directory=str(build_dir),
+            build_directory=str(folder),
             verbose=False,
         )
 

@@ -15,7 +15,9 @@ import hashlib
 import os
 import shutil
 import struct
+import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,8 +32,9 @@ def is_gguf(path: Path) -> bool:
     return path.suffix == ".gguf" and path.is_file()
 
 
-def hf_model_dir(path: Path) -> Path:
-    """`path` itself when it is an HF directory; the converted copy of it when it is a GGUF file."""
+def hf_model_dir(path: Path, progress: Callable[[str], None] | None = None) -> Path:
+    """`path` itself when it is an HF directory; the converted copy of it when it is a GGUF file (`progress` hears
+    a conversion's start and end)."""
     if not is_gguf(path):
         return path
     stat = path.resolve().stat()
@@ -41,7 +44,7 @@ def hf_model_dir(path: Path) -> Path:
     with open(target.parent / f"{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (target / "config.json").exists():
-            convert(path, target)
+            convert(path, target, progress)
         marker = target / SOURCE_FILE
         # written once: the tokenizer caches are keyed by the times of the directory's files
         if not marker.exists() or marker.read_text() != str(path.resolve()):
@@ -56,8 +59,12 @@ def source_file(model_dir: Path) -> Path | None:
     return source if source is not None and source.is_file() else None
 
 
-def convert(gguf_file: Path, out_dir: Path) -> Path:
-    """Writes the dequantized model, its tokenizer and generation config as an HF directory."""
+def convert(gguf_file: Path, out_dir: Path, progress: Callable[[str], None] | None = None) -> Path:
+    """Writes the dequantized model, its tokenizer and generation config as an HF directory; `progress` hears the
+    start, and the end with the tensors written and the time taken."""
+    tell = progress or (lambda _: None)
+    started = time.monotonic()
+    tell(f"dequantizing {gguf_file.name} ({gguf_file.stat().st_size / 2**20:.0f} MiB) into {out_dir}, once")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -73,6 +80,10 @@ def convert(gguf_file: Path, out_dir: Path) -> Path:
     model.save_pretrained(partial)
     tokenizer.save_pretrained(partial)
     partial.rename(out_dir)  # a converter killed half way leaves no directory that looks complete
+    weights = {tensor.data_ptr(): tensor for tensor in model.state_dict().values()}  # a tied head once
+    size = sum(tensor.numel() * tensor.element_size() for tensor in weights.values())
+    elapsed = time.monotonic() - started
+    tell(f"wrote {out_dir}: {len(weights)} tensors, {size / 2**20:.0f} MiB of float32, in {elapsed:.1f} s")
     return out_dir
 
 

