@@ -72,8 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run tritonserver on the model repository plus the HTTP shim")
     add_model_set_options(
         p,
-        f"HF causal-LM directory or .gguf file (default: ${MODEL_DIR_ENV} or models/{DEFAULT_MODEL}); given again, "
-        "several LLMs, each served by its name (the folder's or file's)",
+        f"HF causal-LM directory, .gguf file, or hub id (org/name, org/name:QUANT for a GGUF repository; from "
+        f"the Hugging Face cache) (default: ${MODEL_DIR_ENV} or models/{DEFAULT_MODEL}); given again, several "
+        "LLMs, each served by its name (the folder's or file's; the first hub id's own)",
     )
     add_media_options(p)
     p.add_argument("--model-repository", default=str(DEFAULT_REPOSITORY))
@@ -81,12 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--served-model-name", help="name clients use for the (first) model (default: its folder's or file's name)"
     )
     p.add_argument(
-        "--embedding-model-dir", help="sentence-transformers folder (default: the packaged all-MiniLM-L6-v2)"
+        "--embedding-model-dir",
+        help="sentence-transformers folder or hub id (default: the packaged all-MiniLM-L6-v2)",
     )
     p.add_argument(
         "--rerank-model-dir",
-        help="a cross-encoder folder (one label, as sentence-transformers' CrossEncoder saves it) for /v1/rerank and "
-        "/v1/score; none by default",
+        help="a cross-encoder folder or hub id (one label, as sentence-transformers' CrossEncoder saves it) for "
+        "/v1/rerank and /v1/score; none by default",
     )
     p.add_argument(
         "--no-embedding",

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tritonllm.formats import gguf
+from tritonllm.formats import gguf, hub_model
 from tritonllm.wire.triton_names import TritonNames
 
 TRITON_NAME = re.compile(r"[A-Za-z0-9_.-]+")
@@ -41,7 +41,8 @@ def models_in(folder: Path) -> list[Path]:
 
 
 def served_name_of(path: Path) -> str:
-    return path.stem if gguf.is_gguf(path) else path.name
+    """A folder's name or a .gguf file's stem; for a hub cache's snapshot, the repository's name."""
+    return hub_model.served_name(path) or (path.stem if gguf.is_gguf(path) else path.name)
 
 
 def llm_set(paths: list[Path], first_name: str | None = None) -> list[ServedLLM]:

@@ -68,6 +68,11 @@ def add_shim_options(p: argparse.ArgumentParser, *, beside_triton: bool) -> None
 def add_model_set_options(p: argparse.ArgumentParser, model_dir_help: str) -> None:
     p.add_argument("--model-dir", action="append", help=model_dir_help)
     p.add_argument(
+        "--revision",
+        help="the branch, tag or commit of the LLMs given as hub ids (default: main); $HF_HUB_OFFLINE, "
+        "$HF_HUB_CACHE / $HF_HOME and $HF_TOKEN as huggingface_hub reads them",
+    )
+    p.add_argument(
         "--models-folder",
         help="serve every LLM in this folder too: each subfolder with a config.json, each .gguf file",
     )

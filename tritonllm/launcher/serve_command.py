@@ -17,6 +17,7 @@ from tritonllm.common.unsupported_model import UnsupportedModelError
 from tritonllm.engine.config import OVERRIDES_ENV
 from tritonllm.formats.multimodal_folder import media_kinds
 from tritonllm.launcher.defaults import LOOPBACK, OPTIONAL_MODELS
+from tritonllm.launcher.hub_ids import resolve_hub_ids
 from tritonllm.launcher.models_given import llms_of, model_formats
 from tritonllm.launcher.options import engine_overrides
 from tritonllm.launcher.progress import progress as _progress
@@ -40,6 +41,7 @@ def serve(args: argparse.Namespace) -> int:
 
     try:
         _check_flags(args)
+        resolve_hub_ids(args)
         llms = llms_of(args)
         overrides = engine_overrides(args)
         loras = lora_registry(llms[0].name, args.lora_modules)

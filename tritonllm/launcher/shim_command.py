@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from tritonllm.launcher.defaults import DEFAULT_MODEL, LOOPBACK
+from tritonllm.launcher.hub_ids import resolve_hub_ids
 from tritonllm.launcher.models_given import llms_of, model_formats
 from tritonllm.launcher.progress import progress as _progress
 
@@ -14,6 +15,7 @@ def shim(args: argparse.Namespace) -> int:
     """Only the HTTP shim, in front of a tritonserver that runs elsewhere (e.g. the official container)."""
 
     try:  # the settings load the LoRA adapters: a bad one stops the shim before it serves
+        resolve_hub_ids(args)
         served = shim_models(args)
         settings = shim_settings(
             args,
