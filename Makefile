@@ -12,11 +12,14 @@ install: $(VENV)/.installed
 
 # pgrep finds the stubs a server leaves; curl runs the README examples; openssl makes the TLS test's certificate;
 # tcmalloc is the allocator tritonserver and the stubs run with (tritonllm/launcher/allocator.py; its package is
-# libtcmalloc-minimal4t64 from Debian 13 and Ubuntu 24.04 on).
+# libtcmalloc-minimal4t64 from Debian 13 and Ubuntu 24.04 on); chromium and its chromedriver run the chat page's
+# browser test.
 system-deps:
 	@command -v pgrep >/dev/null && command -v curl >/dev/null && command -v openssl >/dev/null && \
+		command -v chromium >/dev/null && command -v chromedriver >/dev/null && \
 		test -n "$$(ls /usr/lib/*/libtcmalloc_minimal.so.4 /usr/lib64/libtcmalloc_minimal.so.4 2>/dev/null)" || \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq procps curl openssl && \
+		(apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq procps curl openssl chromium chromium-driver && \
 		(DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4 || \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4t64))
 

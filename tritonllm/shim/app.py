@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tritonllm.shim import (
+    chat_route,
     embeddings_api,
     generate_api,
     lora_registry,
@@ -71,6 +72,7 @@ def create_app(settings: ShimSettings, unavailable: Callable[[], str | None] | N
     if settings.allow_runtime_lora:
         app.include_router(lora_registry.build_router(settings.loras))
     openapi.document_bodies(app)
+    chat_route.install(app)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -100,15 +102,15 @@ class WhileUnavailable:
 
 
 class RequireAPIKey:
-    """Refuses every route but /health without `Authorization: Bearer <key>`. Plain ASGI: Starlette's
-    @app.middleware wraps each streamed chunk in a task and a memory stream of its own."""
+    """Refuses every route but /health and the chat page's files without `Authorization: Bearer <key>`. Plain
+    ASGI: Starlette's @app.middleware wraps each streamed chunk in a task and a memory stream of its own."""
 
     def __init__(self, app: ASGIApp, expected: bytes) -> None:
         self.app = app
         self.expected = expected
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] != "/health":
+        if scope["type"] == "http" and scope["path"] != "/health" and not chat_route.is_page(scope["path"]):
             given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
             if not hmac.compare_digest(given, self.expected):
                 error = APIError(401, "a valid API key is required: Authorization: Bearer <key>")

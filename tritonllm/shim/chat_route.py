@@ -1,0 +1,27 @@
+"""The chat page at the shim's `/`: plain static files (chat_page/: HTML, CSS and JavaScript, no build step) that
+call the OpenAI routes from the browser. They hold no secret, so they are served without the API key; the page
+sends the key its user enters with every API call, which the routes check as any client's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
+
+PAGE = Path(__file__).parent / "chat_page"
+PREFIX = "/chat"
+
+
+def is_page(path: str) -> bool:
+    """The page and its files: what RequireAPIKey lets through."""
+    return path == "/" or path.startswith(f"{PREFIX}/")
+
+
+def install(app: FastAPI) -> None:
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(PAGE / "index.html", headers={"Cache-Control": "no-cache"})
+
+    app.mount(PREFIX, StaticFiles(directory=PAGE), name="chat")
