@@ -111,3 +111,15 @@ def test_the_page_asks_for_the_api_key_and_its_calls_carry_it(browser, triton):
         WebDriverWait(browser, 60).until(lambda b: answer_meta(b))
         assert "tokens" in answer_meta(browser)
         browser.execute_script("localStorage.clear()")
+
+
+def test_a_thinking_models_reasoning_shows_in_a_block_apart_from_its_answer(browser, shim_url):
+    browser.get(shim_url)
+    html = browser.execute_script(
+        """const box = addMessage("assistant");
+        draw({answer: "**42**", reasoning: "<weighing it>", box});
+        return box.querySelector(".body").innerHTML;"""
+    )
+    reasoning = '<details class="reasoning" open=""><summary>Reasoning</summary>&lt;weighing it&gt;</details>'
+    assert html.startswith(reasoning)
+    assert html.endswith("<p><strong>42</strong></p>")
