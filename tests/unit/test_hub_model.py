@@ -12,7 +12,7 @@ from huggingface_hub import scan_cache_dir
 
 from tests.hub_cache import cache_repo, folder_files
 from tritonllm.formats import hub_model
-from tritonllm.launcher import model_set
+from tritonllm.launcher import hub_ids, model_set
 from tritonllm.launcher.hub_ids import resolve_hub_ids
 
 GGUF_FILES = ("SmolLM2-135M-Instruct-Q4_1.gguf", "SmolLM2-135M-Instruct-Q8_0.gguf", "SmolLM2-135M-Instruct-Q4_K_S.gguf")
@@ -97,8 +97,18 @@ def test_hf_home_names_the_cache_without_hf_hub_cache(tmp_path, monkeypatch):
 def test_a_path_on_this_machine_is_no_hub_id(tmp_path, monkeypatch):
     monkeypatch.chdir(MODELS.parent)
     assert not hub_model.is_hub_id(f"{MODELS.name}/tiny")  # a relative folder that exists
+    assert not hub_model.is_hub_id(f"{MODELS.name}/not-built-yet")  # in a folder that exists
     assert hub_model.is_hub_id("org/name") and hub_model.is_hub_id("org/name-GGUF:Q4_K_M")
     assert not hub_model.is_hub_id("/abs/path") and not hub_model.is_hub_id("a/b/c")
+
+
+def test_a_demo_model_not_built_yet_stays_a_path_for_serve_to_build(tmp_path, monkeypatch):
+    """`serve --model-dir models/tiny` in a fresh checkout, before models/ exists: serve builds the demo model."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(hub_ids, "DEFAULT_MODELS", tmp_path / "models")
+    args = argparse.Namespace(model_dir=["models/tiny"], served_model_name=None)
+    resolve_hub_ids(args)
+    assert args.model_dir == ["models/tiny"] and args.served_model_name is None
 
 
 def test_the_launcher_rewrites_every_flag_that_names_a_model(cache, gguf_repo):

@@ -25,8 +25,11 @@ class HubModelError(ValueError):
 
 
 def is_hub_id(name: str) -> bool:
-    """An `org/name[:QUANT]` that is not a path on this machine."""
-    return HUB_ID.fullmatch(name) is not None and not Path(name).exists()
+    """An `org/name[:QUANT]` that is not a path on this machine: neither it nor its first part (`models/` of
+    `models/foo`, a folder here) exists."""
+    if HUB_ID.fullmatch(name) is None:
+        return False
+    return not Path(name).exists() and not Path(name.split("/", 1)[0]).is_dir()
 
 
 def cache_dir() -> Path:
