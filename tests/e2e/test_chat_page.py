@@ -10,10 +10,11 @@ from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
-from selenium.webdriver.support.ui import WebDriverWait
+from selenium.webdriver.support.ui import Select, WebDriverWait
 from triton_helpers import metric, wait_for
 
-from tritonllm.shim.settings import ShimSettings
+from tritonllm.shim.settings import ServedModel, ShimSettings
+from tritonllm.wire.triton_names import TritonNames
 
 from .conftest import MODEL, running_shim
 
@@ -123,3 +124,20 @@ def test_a_thinking_models_reasoning_shows_in_a_block_apart_from_its_answer(brow
     reasoning = '<details class="reasoning" open=""><summary>Reasoning</summary>&lt;weighing it&gt;</details>'
     assert html.startswith(reasoning)
     assert html.endswith("<p><strong>42</strong></p>")
+
+
+def test_several_models_get_a_picker_and_an_image_model_the_attach_button(browser, triton):
+    """A second LLM (here the same Triton models under a second name, said to take images) is picked by name;
+    the image control shows only for the model whose card takes images."""
+    beside = ServedModel("tiny-vision", TritonNames(), media=("image",))
+    settings = ShimSettings(triton_grpc_url=triton.grpc_url, served_model_name=MODEL, more_models=(beside,))
+    with running_shim(settings) as url:
+        open_page(browser, url, max_tokens="3")
+        picker = Select(browser.find_element(By.ID, "model"))
+        assert [option.text for option in picker.options] == [MODEL, "tiny-vision"]
+        assert picker.first_selected_option.text == MODEL and not browser.find_element(By.ID, "attach").is_displayed()
+        picker.select_by_visible_text("tiny-vision")
+        assert browser.find_element(By.ID, "attach").is_displayed()
+        send(browser, "Hi")
+        WebDriverWait(browser, 60).until(lambda b: answer_meta(b))
+        assert "tokens" in answer_meta(browser)  # the shim took the picked name
