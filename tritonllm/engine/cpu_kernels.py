@@ -32,6 +32,7 @@ KERNELS = (
     "greedy_screen.cpp",
     "quantized_linear.cpp",
     "quantized_linear_int8.cpp",
+    "gguf_linear.cpp",
     "decoder_layers.cpp",
     "module.cpp",
 )

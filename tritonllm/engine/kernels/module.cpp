@@ -23,6 +23,10 @@ torch::Tensor greedy_screen_logits_q8(torch::Tensor x, torch::Tensor q, torch::T
 torch::Tensor quantized_panel_linear(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins,
                                      int64_t bits, torch::Tensor bias);
 torch::Tensor dequantize(torch::Tensor qweight, torch::Tensor scales, torch::Tensor mins, int64_t bits);
+torch::Tensor gguf_linear(torch::Tensor x, torch::Tensor raw, int64_t type, torch::Tensor bias, int64_t gemm_rows);
+torch::Tensor gguf_dequantize(torch::Tensor raw, int64_t type, int64_t in_features);
+int64_t gguf_block_values(int64_t type);
+int64_t gguf_block_bytes(int64_t type);
 
 void bind_decoder_layers(pybind11::module& m);
 
@@ -52,4 +56,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantized_panel_linear", &quantized_panel_linear,
         "quantized_linear for many rows of x (prompts): the blocks widened a panel at a time for the GEMM (CPU)", no_gil);
   m.def("dequantize", &dequantize, "A block-quantized weight as float32 (CPU)", no_gil);
+  m.def("gguf_linear", &gguf_linear,
+        "x @ W^T + bias with W in a GGUF file's own blocks, read in place; from gemm_rows rows of x a GEMM (CPU)",
+        no_gil);
+  m.def("gguf_dequantize", &gguf_dequantize, "A weight in a GGUF file's blocks as float32, as gguf-py gives it",
+        no_gil);
+  m.def("gguf_block_values", &gguf_block_values, "Values in one block of a ggml type; 0: no kernel for it");
+  m.def("gguf_block_bytes", &gguf_block_bytes, "Bytes in one block of a ggml type; 0: no kernel for it");
 }
