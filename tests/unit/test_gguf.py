@@ -13,13 +13,13 @@ def test_a_gguf_file_converts_once_into_the_default_models_weights(smollm2_gguf,
     file = smollm2_gguf
     monkeypatch.setenv(gguf.CACHE_ENV, str(tmp_path))
     told: list[str] = []
-    converted = gguf.hf_model_dir(file, progress=told.append)
+    converted = gguf.hf_model_dir(file, progress=told.append, dequantize=True)
     assert converted.parent == tmp_path and (converted / "config.json").exists()
     # a line at the start and the figures at the end: the conversion takes a while
     assert told[0].startswith(f"dequantizing {file.name} (") and told[0].endswith(f"into {converted}, once")
     assert len(told) == 2 and told[1].startswith(f"wrote {converted}: 272 tensors, ")
     key = cache_key(converted)
-    assert gguf.hf_model_dir(file, progress=told.append) == converted  # the second load finds it
+    assert gguf.hf_model_dir(file, progress=told.append, dequantize=True) == converted  # the second load finds it
     assert len(told) == 2  # and says nothing
     # and touches no file: the tokenizer snapshot's key (the files' times) holds from start to start
     assert cache_key(converted) == key

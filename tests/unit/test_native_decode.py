@@ -120,11 +120,20 @@ def test_the_phased_forward_gives_the_bits_of_a_region_per_operation(families, f
 def test_the_phased_forward_over_gguf_blocks_gives_the_bits_of_a_region_per_operation(smollm2_gguf, int8_activations):
     """The same over the wheel's Q4_1 file (the output layer aside, every projection in 4-bit blocks), with the
     exact kernel and with 8-bit inputs (each thread rounds a phase's input for itself)."""
-    model_dir = str(gguf.hf_model_dir(smollm2_gguf))
+    model_dir = str(gguf.hf_model_dir(smollm2_gguf, dequantize=True))
     config = EngineConfig(
         model_dir, num_kv_blocks=128, block_size=8, gguf_file=str(smollm2_gguf), int8_activations=int8_activations
     )
     assert_phased_equals_regions(LLMEngine(config).runner.decoder_stack.stack)
+
+
+def test_the_phased_forward_over_a_gguf_files_own_blocks_gives_the_bits_of_a_region_per_operation(smollm2_gguf):
+    """The same with the layers reading the file in place (gguf_linear.py): q/k/v and gate/up as separate
+    projections side by side, the output layer in the file's Q8_0."""
+    config = EngineConfig(str(gguf.hf_model_dir(smollm2_gguf)), num_kv_blocks=128, block_size=8)
+    stack = LLMEngine(config).runner.decoder_stack.stack
+    assert all(len(qkv) == 3 and len(gate_up) == 2 for qkv, gate_up in zip(stack.qkv, stack.gate_up, strict=True))
+    assert_phased_equals_regions(stack)
 
 
 def assert_phased_equals_regions(stack) -> None:

@@ -134,7 +134,7 @@ def test_weights_with_a_scale_per_16_values_keep_float32_inputs():
 
 @pytest.fixture(scope="module")
 def smollm2_q4_1(smollm2_gguf):
-    return smollm2_gguf, gguf.hf_model_dir(smollm2_gguf)
+    return smollm2_gguf, gguf.hf_model_dir(smollm2_gguf, dequantize=True)  # the folder the blocks replace
 
 
 def test_the_q4_1_model_keeps_every_layer_quantized_and_decodes_as_generate(smollm2_q4_1):

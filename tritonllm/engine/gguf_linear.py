@@ -33,6 +33,13 @@ class GGUFLinear(torch.nn.Module):
         self.in_features, self.out_features = in_features, raw.shape[0]
         self.register_buffer("bias", None if bias is None else bias.detach())
 
+    @property
+    def type_name(self) -> str:
+        """ggml's name of the weight's type (Q4_K, ...)."""
+        from gguf import GGMLQuantizationType
+
+        return GGMLQuantizationType(self.ggml_type).name
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).contiguous()
         bias = _NO_BIAS if self.bias is None else self.bias

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from tritonllm.engine import cpu_kernels, quantized_linear
+from tritonllm.engine.gguf_linear import GGUFLinear
 from tritonllm.engine.quantized_linear import QuantizedEmbedding, QuantizedLinear, kernel_matches
 from tritonllm.formats import gguf, gguf_blocks, gguf_layout, model_cache
 from tritonllm.formats.gguf_blocks import BLOCK, from_gguf
@@ -94,6 +95,23 @@ def quantize_from_gguf(
             refused,
         )
     return swapped
+
+
+def recut_for_int8_activations(model: torch.nn.Module) -> int:
+    """`int8_activations` on a model that reads a GGUF file in place (gguf_linear.py): each layer whose type the
+    8-bit kernel reads (quantized_linear.py's layouts, one scale per 32 values: Q8_0, Q4_0, Q4_1, Q5_0, Q4_K) is
+    recut into that layout, a copy of its blocks (never float32), and multiplies 8-bit inputs; the others keep
+    float32 inputs on the file's blocks. Returns how many layers were recut."""
+    recut = 0
+    for name, module in list(model.named_modules()):
+        if not isinstance(module, GGUFLinear):
+            continue
+        blocks = from_gguf(module.type_name, module.raw.numpy())
+        if blocks is None or blocks.scales.shape[1] * BLOCK != module.in_features:
+            continue
+        _replace(model, name, QuantizedLinear(blocks, module.bias, int8_activations=True))
+        recut += 1
+    return recut
 
 
 def _verdict_file(model: torch.nn.Module, gguf_file: Path, int8_activations: bool) -> Path | None:

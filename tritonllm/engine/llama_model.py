@@ -25,7 +25,14 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
+from tritonllm.common.unsupported_model import UnsupportedModelError
+from tritonllm.engine.gguf_linear import GGUFEmbedding, GGUFLinear, kernel_types
 from tritonllm.engine.paged_attention import PagedBatch, paged_attention
+from tritonllm.formats import gguf, gguf_weights
+from tritonllm.formats.gguf_weights import FileTensor
+
+# a checkpoint's weight: float32 values, or a GGUF file's tensor as the file holds it
+Weight = torch.Tensor | FileTensor
 
 ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"})
 # rope types whose tables transformers recomputes from the sequence's length (dynamic_rope_update)
@@ -65,9 +72,15 @@ def why_not(config: ModelConfig, model_dir: Path) -> str | None:
         return f"rope type {config.rope_type!r} changes its tables with the sequence's length"
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
         return "a sliding window"
-    if not _weight_files(model_dir):
+    if not _weight_files(model_dir) and gguf.source_file(model_dir) is None:
         return "no safetensors weights"
     return None
+
+
+def serves_from_gguf(model_dir: Path) -> Path | None:
+    """The GGUF file whose tensors this build reads in place: a folder that holds a GGUF file's config and tokenizer
+    but no weights of its own (formats/gguf.py's light folders)."""
+    return gguf.source_file(model_dir) if not _weight_files(model_dir) else None
 
 
 class RMSNorm(torch.nn.Module):
@@ -151,14 +164,14 @@ class LlamaModel(torch.nn.Module):
     it does not take (a LoRA adapter's, the load check's probe) through forward(), transformers' Llama forward
     pass operation for operation."""
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], rotary: RotaryEmbedding) -> None:
+    def __init__(self, config: ModelConfig, weights: dict[str, Weight], rotary: RotaryEmbedding) -> None:
         super().__init__()
         self.config = config
         self.architecture = config.architecture
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         inner = torch.nn.Module()
-        inner.embed_tokens = torch.nn.Embedding.from_pretrained(weights["model.embed_tokens.weight"], freeze=True)
+        inner.embed_tokens = _embedding(weights["model.embed_tokens.weight"])
         inner.layers = torch.nn.ModuleList()
         for i in range(config.num_hidden_layers):
             prefix = f"model.layers.{i}."
@@ -167,14 +180,18 @@ class LlamaModel(torch.nn.Module):
                 Attention(i, head_dim), weights, prefix + "self_attn.", ("q_proj", "k_proj", "v_proj", "o_proj")
             )
             layer.mlp = _projections(MLP(), weights, prefix + "mlp.", ("gate_proj", "up_proj", "down_proj"))
-            layer.input_layernorm = RMSNorm(weights[prefix + "input_layernorm.weight"], config.rms_norm_eps)
+            layer.input_layernorm = RMSNorm(_values(weights[prefix + "input_layernorm.weight"]), config.rms_norm_eps)
             layer.post_attention_layernorm = RMSNorm(
-                weights[prefix + "post_attention_layernorm.weight"], config.rms_norm_eps
+                _values(weights[prefix + "post_attention_layernorm.weight"]), config.rms_norm_eps
             )
             inner.layers.append(layer)
-        inner.norm = RMSNorm(weights["model.norm.weight"], config.rms_norm_eps)
+        inner.norm = RMSNorm(_values(weights["model.norm.weight"]), config.rms_norm_eps)
         inner.rotary_emb = rotary
         self.model = inner
+        if isinstance(weights["model.embed_tokens.weight"], FileTensor):
+            # a GGUF file without output.weight ties the output layer to the embedding
+            self.lm_head = _linear(weights.get("lm_head.weight", weights["model.embed_tokens.weight"]), None)
+            return
         vocab, hidden = inner.embed_tokens.weight.shape
         self.lm_head = torch.nn.Linear(hidden, vocab, bias=False, device="meta")
         tied = config.tie_word_embeddings
@@ -187,6 +204,13 @@ class LlamaModel(torch.nn.Module):
         for file in _weight_files(model_dir):
             with safe_open(file, framework="pt") as f:
                 weights.update({name: f.get_tensor(name).to(torch.float32) for name in f.keys()})
+        gguf_file = serves_from_gguf(model_dir)
+        if gguf_file is not None:
+            try:
+                weights = gguf_weights.read(gguf_file, config)
+            except ValueError as e:
+                raise UnsupportedModelError(str(e)) from e
+            _check_kernels(weights, gguf_file)
         model = cls(config, weights, rotary)
         model.name_or_path = str(model_dir)
         return model.eval()
@@ -237,16 +261,40 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def _projections(
-    block: torch.nn.Module, weights: dict[str, torch.Tensor], prefix: str, names: tuple[str, ...]
+    block: torch.nn.Module, weights: dict[str, Weight], prefix: str, names: tuple[str, ...]
 ) -> torch.nn.Module:
     """`block` with its linear layers, each with the bias its checkpoint has (Qwen2's q/k/v, attention_bias,
     mlp_bias)."""
     for name in names:
-        weight = weights[f"{prefix}{name}.weight"]
         bias = weights.get(f"{prefix}{name}.bias")
-        layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
-        layer.weight = _parameter(weight)
-        if bias is not None:
-            layer.bias = _parameter(bias)
-        setattr(block, name, layer)
+        setattr(block, name, _linear(weights[f"{prefix}{name}.weight"], None if bias is None else _values(bias)))
     return block
+
+
+def _linear(weight: Weight, bias: torch.Tensor | None) -> torch.nn.Module:
+    if isinstance(weight, FileTensor):
+        return GGUFLinear(weight.raw, weight.type, weight.shape[1], bias)
+    layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+    layer.weight = _parameter(weight)
+    if bias is not None:
+        layer.bias = _parameter(bias)
+    return layer
+
+
+def _embedding(weight: Weight) -> torch.nn.Module:
+    if isinstance(weight, FileTensor):
+        return GGUFEmbedding(weight.raw, weight.type, weight.shape[1])
+    return torch.nn.Embedding.from_pretrained(weight, freeze=True)
+
+
+def _values(weight: Weight) -> torch.Tensor:
+    return weight.values() if isinstance(weight, FileTensor) else weight
+
+
+def _check_kernels(weights: dict[str, FileTensor], gguf_file: Path) -> None:
+    """Refuses a file with a matrix in a type no kernel here reads: it would have to be widened to float32."""
+    served = kernel_types()
+    missing = sorted({w.type_name for w in weights.values() if len(w.shape) == 2 and w.type not in served})
+    if missing:
+        why = "the native kernels are not built" if not served else f"no kernel here reads GGUF type(s) {missing}"
+        raise UnsupportedModelError(f"{gguf_file.name} cannot be served from its blocks: {why}")

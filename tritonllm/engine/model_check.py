@@ -80,6 +80,8 @@ def check_against_eager(runner: ProbedRunner, reference: torch.Tensor | None = N
     try:
         paged = _paged_logits(runner, ids, probe)
         eager = reference if reference is not None else _eager_logits(runner.model, ids)
+        if eager is None:  # no transformers' reference to hold it to: the native stack is held to the modules
+            eager = paged
     except Exception as e:
         raise UnsupportedModelError(f"the paged attention cannot run this model: {type(e).__name__}: {e}") from e
     missing = sorted(set(range(shape.num_layers)) - probe.layers)
@@ -126,7 +128,11 @@ def _paged_logits(runner: ProbedRunner, ids: list[int], probe: LayerProbe | None
 
 
 @torch.inference_mode()
-def _eager_logits(model, ids: list[int]) -> torch.Tensor:
+def _eager_logits(model, ids: list[int]) -> torch.Tensor | None:
+    """transformers' eager logits on the model's weights; None for a model built without transformers whose
+    reference was not computed (a GGUF file too large for transformers' float32 copy: reference_logits.py)."""
+    if not hasattr(model, "set_attn_implementation"):
+        return None
     model.set_attn_implementation("eager")
     try:
         return model(input_ids=torch.tensor([ids], device=model.device), use_cache=False).logits[0].float()

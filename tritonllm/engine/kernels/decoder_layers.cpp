@@ -28,6 +28,7 @@
 #include <optional>
 #include <vector>
 
+#include "gguf_linear.h"
 #include "paged_decode_attention.h"
 #include "phase_board.h"
 #include "quantized_linear_int8.h"
@@ -117,15 +118,23 @@ struct GemmRows {
   int64_t dense = 64, quantized = 65;
 };
 
-// One linear layer: float32 weights [N, K] (bits 0), or GGUF blocks of 8 or 4 bits as quantized_linear.cpp
-// reads them (with int8: the input rounded to 8 bits, quantized_linear_int8.cpp). An empty bias stands for none.
+// One linear layer: float32 weights [N, K] (bits 0), GGUF blocks of 8 or 4 bits as quantized_linear.cpp
+// reads them (with int8: the input rounded to 8 bits, quantized_linear_int8.cpp), or a GGUF file's rows in their
+// own type (gguf_type, a ggml type id: gguf_linear.cpp; weight the raw rows). An empty bias stands for none.
 struct Projection {
   torch::Tensor weight, scales, mins, bias;
   int64_t bits = 0;
   bool int8 = false;
+  int64_t gguf_type = -1;
+
+  int64_t in_features() const {
+    if (gguf_type >= 0) return weight.size(1) / gguf_block_bytes(gguf_type) * gguf_block_values(gguf_type);
+    return bits ? weight.size(1) * 8 / bits : weight.size(1);
+  }
 
   torch::Tensor operator()(const torch::Tensor& x, const GemmRows& gemm) const {
     const int64_t rows = x.size(0);
+    if (gguf_type >= 0) return gguf_linear(x, weight, gguf_type, bias, gemm.quantized);
     if (bits == 0) return rows > gemm.dense ? panel_linear(x, weight, bias) : dense_linear(x, weight, bias);
     if (rows >= gemm.quantized) return quantized_panel_linear(x, weight, scales, mins, bits, bias);
     torch::Tensor out = (int8 ? quantized_linear_int8 : quantized_linear)(x, weight, scales, mins, bits);
@@ -147,15 +156,16 @@ torch::Tensor project(const std::vector<Projection>& parts, const torch::Tensor&
 // where nothing may throw).
 struct UnitWeight {
   explicit UnitWeight(const Projection& p)
-      : dense(p.bits ? nullptr : p.weight.data_ptr<float>()),
+      : dense(p.bits || p.gguf_type >= 0 ? nullptr : p.weight.data_ptr<float>()),
         bias(p.bias.numel() ? p.bias.data_ptr<float>() : nullptr),
         int8(p.int8),
         n(p.weight.size(0)),
-        k(p.bits ? p.weight.size(1) * 8 / p.bits : p.weight.size(1)) {
+        k(p.in_features()) {
+    if (p.gguf_type >= 0) file_rows.emplace(p.weight, p.gguf_type, k);
     if (p.bits) blocks.emplace(p.weight, p.scales, p.mins, p.bits, k);
     TORCH_CHECK(!int8 || (blocks && blocks->scales_per_block == 1),
                 "8-bit inputs take weights with one scale per 32 values");
-    row_bytes = p.bits ? p.weight.size(1) + (k / weight_rows::kBlock) * 8 : k * 4;
+    row_bytes = file_rows ? file_rows->row_bytes : p.bits ? p.weight.size(1) + (k / weight_rows::kBlock) * 8 : k * 4;
   }
 
   // out[r * (last - first) + j] = x[r] . W[first + j] + bias, as the projection's own kernel sums it (with int8:
@@ -164,6 +174,8 @@ struct UnitWeight {
     const int64_t count = last - first;
     if (dense)
       dense_unit(x, rows, dense + first * k, count, k, out, count);
+    else if (file_rows)
+      gguf_unit(x, rows, *file_rows, first, last, out, count);
     else if (int8)
       quantized_int8_unit(*xq, rows, *blocks, first, last, out, count);
     else
@@ -175,6 +187,7 @@ struct UnitWeight {
 
   const float* dense;
   std::optional<weight_rows::BlockWeight> blocks;
+  std::optional<GGUFWeight> file_rows;
   const float* bias;
   bool int8;
   int64_t n, k, row_bytes;
@@ -253,7 +266,7 @@ struct DecoderLayers {
     if (phased_serves(hidden.size(0)))
       return forward_phased(hidden.contiguous(), cos, sin, slots, block_tables.contiguous(), context_lens.contiguous());
     const int64_t batch = hidden.size(0), q_size = heads * dim, kv_size = kv_heads * dim;
-    const int64_t intermediate = down[0].bits ? down[0].weight.size(1) * 8 / down[0].bits : down[0].weight.size(1);
+    const int64_t intermediate = down[0].in_features();
     torch::Tensor x = hidden.contiguous().clone();  // the residual stream
     torch::Tensor normed = torch::empty_like(x);
     torch::Tensor activated = torch::empty({batch, intermediate}, x.options());
@@ -467,10 +480,14 @@ struct DecoderLayers {
 
 void bind_decoder_layers(pybind11::module& m) {
   namespace py = pybind11;
-  py::class_<Projection>(m, "Projection", "A linear layer for DecoderLayers: float32, or GGUF blocks of 8 or 4 bits")
+  py::class_<Projection>(m, "Projection",
+                         "A linear layer for DecoderLayers: float32, GGUF blocks of 8 or 4 bits, or a GGUF file's rows")
       .def(py::init([](torch::Tensor weight, torch::Tensor scales, torch::Tensor mins, torch::Tensor bias,
-                       int64_t bits, bool int8) { return Projection{weight, scales, mins, bias, bits, int8}; }),
-           py::arg("weight"), py::arg("scales"), py::arg("mins"), py::arg("bias"), py::arg("bits"), py::arg("int8"));
+                       int64_t bits, bool int8, int64_t gguf_type) {
+             return Projection{weight, scales, mins, bias, bits, int8, gguf_type};
+           }),
+           py::arg("weight"), py::arg("scales"), py::arg("mins"), py::arg("bias"), py::arg("bits"), py::arg("int8"),
+           py::arg("gguf_type") = -1);
   py::class_<DecoderLayers>(m, "DecoderLayers", "A Llama-family decoder stack for a step's fed tokens (CPU, float32)")
       .def(py::init<>())
       .def_readwrite("input_norm", &DecoderLayers::input_norm)

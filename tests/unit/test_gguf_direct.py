@@ -1,0 +1,117 @@
+"""A GGUF file served from the file itself (formats/gguf_weights.py, engine/gguf_linear.py): a folder of its config
+and tokenizer alone, every matrix read in its own blocks where the file is mapped, and greedy output equal to
+transformers' generate() on the file dequantized."""
+
+from __future__ import annotations
+
+import gguf as gguf_py
+import numpy as np
+import pytest
+import torch
+import transformers
+from oracles import greedy_ids
+
+from tritonllm.common.unsupported_model import UnsupportedModelError
+from tritonllm.engine.config import EngineConfig
+from tritonllm.engine.engine import LLMEngine
+from tritonllm.engine.gguf_linear import GGUFEmbedding, GGUFLinear
+from tritonllm.engine.sampling_params import SamplingParams
+from tritonllm.engine.sequence import Sequence
+from tritonllm.formats import gguf, gguf_weights
+
+PROMPTS = ("The capital of France is", "def fibonacci(n):", "1, 2, 3,")
+
+
+@pytest.fixture(scope="module")
+def file_folder(smollm2_gguf):
+    return gguf.hf_model_dir(smollm2_gguf)
+
+
+def test_the_folder_holds_the_files_config_and_tokenizer_and_no_weights(smollm2_gguf, file_folder):
+    names = {p.name for p in file_folder.iterdir()}
+    assert {"config.json", "tokenizer.json", "generation_config.json"} <= names
+    assert not [n for n in names if n.endswith((".safetensors", ".bin", ".pt"))]
+    assert sum(p.stat().st_size for p in file_folder.iterdir()) < 10 * 2**20  # no copy of the weights
+    assert gguf.source_file(file_folder) == smollm2_gguf.resolve()
+    config = transformers.AutoConfig.from_pretrained(file_folder)
+    assert config.architectures == ["LlamaForCausalLM"] and config.num_hidden_layers == 30
+    ours = transformers.AutoTokenizer.from_pretrained(file_folder)
+    theirs = transformers.AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
+    assert ours("héllo, <|im_start|> wörld").input_ids == theirs("héllo, <|im_start|> wörld").input_ids
+    assert ours.chat_template == theirs.chat_template
+
+
+def test_every_matrix_is_read_in_place_from_the_files_mapping(smollm2_gguf, file_folder):
+    engine = LLMEngine(EngineConfig(str(file_folder), num_kv_blocks=64))
+    model = engine.runner.model
+    assert engine.runner.model_reads_file and not engine.runner.transformers
+    assert not [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert engine.runner.quantized_layers == 211  # 7 a layer in 30 layers, and the output layer
+    assert engine.runner.decoder_stack is not None
+    # no float32 matrix anywhere: the parameters are the norms alone
+    assert max(p.numel() for p in model.parameters()) == model.config.hidden_size
+    layer = model.model.layers[3]
+    # v and the MLP's rows are the file's pages, where the file is mapped (q and k: copies of their blocks, in
+    # transformers' row order)
+    file_pages = mappings_of(smollm2_gguf)
+    for linear in (layer.self_attn.v_proj.base, layer.mlp.down_proj.base):  # under their LoRA wrappers
+        assert isinstance(linear, GGUFLinear) and linear.type_name == "Q4_1"
+        assert any(start <= linear.raw.data_ptr() < end for start, end in file_pages)
+    # the output layer reads the embedding's Q8_0 rows (tied): one table for both
+    embedding, output = model.get_input_embeddings(), model.get_output_embeddings()
+    assert isinstance(embedding, GGUFEmbedding) and output.raw.data_ptr() == embedding.raw.data_ptr()
+    assert output.type_name == "Q8_0"
+
+
+def mappings_of(file) -> list[tuple[int, int]]:
+    """The address ranges where this process maps `file`."""
+    ranges = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].strip() == str(file.resolve()):
+                ranges.append(tuple(int(x, 16) for x in fields[0].split("-")))
+    return ranges
+
+
+def test_greedy_output_equals_generate_on_the_dequantized_file(smollm2_gguf, file_folder):
+    engine = LLMEngine(EngineConfig(str(file_folder), num_kv_blocks=64))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(file_folder)
+    prompts = [tokenizer(text).input_ids for text in PROMPTS]
+    seqs = [Sequence(p, SamplingParams(max_tokens=16)) for p in prompts]
+    for seq in seqs:
+        engine.add(seq)
+    while engine.has_work():
+        engine.step()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        smollm2_gguf.parent, gguf_file=smollm2_gguf.name, dtype=torch.float32
+    ).eval()
+    assert [s.output_ids for s in seqs] == [greedy_ids(hf, p, 16) for p in prompts]
+
+
+def test_q_and_k_rows_are_put_back_in_transformers_order():
+    """llama.cpp's converter permutes each head's q/k rows; the inverse order undoes it (its permute, applied to
+    transformers' rows, then ours, gives transformers' rows back)."""
+    heads, rows = 4, 32
+    hf_rows = np.arange(rows)
+    file_rows = hf_rows.reshape(heads, 2, rows // heads // 2).swapaxes(1, 2).reshape(rows)  # convert_hf_to_gguf
+    assert (file_rows[gguf_weights.unpermuted_rows(rows, heads)] == hf_rows).all()
+
+
+def test_a_matrix_in_a_type_without_a_kernel_is_refused_at_load_naming_it(smollm2_gguf, tmp_path, monkeypatch):
+    from tritonllm.engine import llama_model
+
+    monkeypatch.setattr(llama_model, "kernel_types", lambda: frozenset({gguf_py.GGMLQuantizationType.Q8_0.value}))
+    with pytest.raises(UnsupportedModelError, match=r"no kernel here reads GGUF type\(s\) \['Q4_1'\]"):
+        LLMEngine(EngineConfig(str(gguf.hf_model_dir(smollm2_gguf)), num_kv_blocks=64))
+
+
+def test_an_architecture_the_build_does_not_read_is_dequantized_instead(tmp_path):
+    written = tmp_path / "other.gguf"
+    writer = gguf_py.GGUFWriter(str(written), "gpt2")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert gguf.architecture(written) == "gpt2" and "gpt2" not in gguf.SERVED_FROM_FILE
