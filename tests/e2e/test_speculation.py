@@ -50,7 +50,8 @@ def served_with(model, model_dir, tmp_path, max_tokens: int, *flags: str) -> dic
 
 
 def test_ngram_speculation_answers_as_generate_with_drafts_kept(smollm2_gguf, tmp_path):
-    served = served_with(smollm2_gguf, gguf.hf_model_dir(smollm2_gguf, dequantize=True), tmp_path, 48, "--speculative", "ngram")
+    reference = gguf.hf_model_dir(smollm2_gguf, dequantize=True)  # generate()'s weights
+    served = served_with(smollm2_gguf, reference, tmp_path, 48, "--speculative", "ngram")
     assert served["answers"] == (served["expected"],) * 2
     assert 0 < served["kept"] <= served["verified"]
     assert "speculative decoding: ngram" in served["log"]

@@ -1,6 +1,6 @@
 """The default model's Q4_1 GGUF file served by the real tritonserver, as `serve` serves a .gguf path: its layers
-read from the file's blocks in place and the native stack, and greedy answers through the ensemble equal to transformers'
-generate() on the dequantized weights."""
+read from the file's blocks in place and the native stack, and greedy answers through the ensemble equal to
+transformers' generate() on the dequantized weights."""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ def test_a_gguf_file_is_served_on_its_blocks_exactly(served_gguf):
     server, model_dir, log = served_gguf
     assert "211 linear layers on GGUF blocks; decode steps on the native decoder stack" in log.read_text()
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(gguf.hf_model_dir(gguf.source_file(model_dir), dequantize=True))
-    hf = hf.eval()
+    dequantized = gguf.hf_model_dir(gguf.source_file(model_dir), dequantize=True)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(dequantized).eval()
     for prompt in PROMPTS:
         expected = greedy_text(hf, tokenizer, tokenizer.encode(prompt), 24)[0]
         stream = Stream(server.grpc_url)

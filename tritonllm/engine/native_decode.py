@@ -10,9 +10,9 @@ rotary module, so every rope scaling it knows applies), the final norm and the o
 
 It serves only what it computes exactly as transformers does: the architectures named in ARCHITECTURES, on CPU
 in float32, with float32 weights (the q/k/v and gate/up projections fused, fused_projections.py) or GGUF blocks
-(quantized_linear.py, or a GGUF file's own, gguf_linear.py), no sliding window, and SiLU; a step with anything else (a LoRA adapter, the load-time
-probe) goes through transformers. At load, the model check runs a prefill and a decode step both
-ways and keeps the native stack only when the logits agree to float32's rounding.
+(quantized_linear.py, or a GGUF file's own, gguf_linear.py), no sliding window, and SiLU; a step with anything
+else (a LoRA adapter, the load-time probe) goes through transformers. At load, the model check runs a prefill and
+a decode step both ways and keeps the native stack only when the logits agree to float32's rounding.
 """
 
 from __future__ import annotations
