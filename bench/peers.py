@@ -118,15 +118,20 @@ def avx2_only() -> bool:
 
 def llama_server() -> Path:
     """Builds llama-server (CPU, native instructions, or AVX2's alone in an `--isa avx2` run) once."""
+    return llama_cpp_tool("llama-server")
+
+
+def llama_cpp_tool(target: str) -> Path:
+    """Builds one of llama.cpp's programs (llama-server, llama-quantize) from the vendored sources, once."""
     sources = llama_cpp_sources()
     build = sources / ("build-cpu-avx2" if avx2_only() else "build-cpu")
-    binary = build / "bin" / "llama-server"
+    binary = build / "bin" / target
     if not binary.exists():
         flags = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF"]
         flags += ["-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", *isa_flags()]
         subprocess.run(["cmake", "-S", str(sources), "-B", str(build), *flags], check=True)
         jobs = str(os.cpu_count() or 2)
-        subprocess.run(["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs], check=True)
+        subprocess.run(["cmake", "--build", str(build), "--target", target, "-j", jobs], check=True)
     return binary
 
 
