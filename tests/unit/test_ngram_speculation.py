@@ -154,7 +154,8 @@ def test_a_real_model_editing_code_takes_fewer_steps_for_the_same_tokens(smollm2
 
     drafted, engine = decode("ngram")
     plain, plain_engine = decode("none")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    file = smollm2_gguf  # served from its blocks; generate() on the file dequantized
+    hf = transformers.AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name).eval()
     assert drafted == plain == greedy_ids(hf, prompt, 48)
     assert engine.stats.accepted_draft_tokens >= 12
     assert engine.stats.steps <= plain_engine.stats.steps - 12
