@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from footprint import peak_during, role
+from footprint import peak_during
 from peers import MODEL, STARTS, Server, fresh_prompts, llama_cpp, llama_cpp_case, ours, shim_case
 from real_size_models import gguf_file
 from run import RESULTS, Workload, machine
@@ -99,20 +99,23 @@ def main() -> None:
 
 def write_report(shape: str, rows: list[Row]) -> None:
     stem = f"real-size-{shape}"
-    (RESULTS / f"{stem}.json").write_text(json.dumps({"machine": machine(), "rows": [asdict(r) for r in rows]}, indent=1))
+    record = {"machine": machine(), "rows": [asdict(r) for r in rows]}
+    (RESULTS / f"{stem}.json").write_text(json.dumps(record, indent=1))
     lines = [
         f"# Real-size GGUF files, {shape} shape: this project against llama.cpp's server, one run",
         "",
         f"Machine: {machine()}. Command: `.venv/bin/python bench/real_size.py --shape {shape} ...`. 8,192 tokens of "
         "16-bit KV each; 16 streams of 64-token prompts, 64 new tokens, greedy, EOS ignored.",
         "",
-        "| file | MiB | server | ready s (1st, 2nd start) | peak RSS MiB, 16 streams | tok/s, 1 request | tok/s, 16 streams |",
+        "| file | MiB | server | ready s (1st, 2nd start) | peak RSS MiB, 16 streams | tok/s, 1 request "
+        "| tok/s, 16 streams |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ready = ", ".join(f"{s:.1f}" for s in r.ready_s)
         speed = [f"{v:.1f}" if v is not None else "-" for v in (r.one_tokens_per_s, r.many_tokens_per_s)]
-        lines.append(f"| {r.file} | {r.size_mb:.0f} | {r.server} | {ready} | {r.peak_rss_mb:.0f} | {' | '.join(speed)} |")
+        row = f"| {r.file} | {r.size_mb:.0f} | {r.server} | {ready} | {r.peak_rss_mb:.0f} | {' | '.join(speed)} |"
+        lines.append(row)
     (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

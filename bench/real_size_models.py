@@ -146,7 +146,8 @@ def random_q4_k_m(shape: str, out: Path) -> Path:
             tensors.append((f"blk.{i}.{name}", q4_k_m_type(name, i, layers), (rows, cols)))
         tensors += [(f"blk.{i}.attn_norm", "F32", (hidden,)), (f"blk.{i}.ffn_norm", "F32", (hidden,))]
     for name, kind, dims in tensors:
-        writer.add_tensor(f"{name}.weight", random_blocks(rng, kind, dims), raw_dtype=gguf_py.GGMLQuantizationType[kind])
+        kind_id = gguf_py.GGMLQuantizationType[kind]
+        writer.add_tensor(f"{name}.weight", random_blocks(rng, kind, dims), raw_dtype=kind_id)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file(progress=True)
