@@ -41,7 +41,7 @@ def run(path: str, file: Path, batches: list[int]) -> dict:
         for round_ in range(2):
             for i in range(batch):
                 prompt = [(7 * i + 13 * j + 101 * round_) % (vocab - 1000) + 500 for j in range(PROMPT_TOKENS)]
-                engine.add(Sequence(prompt, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)))
+                engine.add(Sequence(prompt, SamplingParams(max_tokens=NEW_TOKENS)))
             steps, start = [], time.perf_counter()
             while engine.has_work():
                 began = time.perf_counter()

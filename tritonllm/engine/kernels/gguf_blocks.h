@@ -2,11 +2,13 @@
 // `bytes` bytes each, as ggml lays them out (ggml-common.h's block_q4_0 ... block_iq4_xs). A block of 256 values
 // (the K-quants, IQ4_XS) is read as eight chunks of 32, a block of 32 as one chunk.
 //
-// Each integer type's chunk comes out as 32 signed integers q (one byte each, value i in byte i) and, for each
-// half of 16 values, a float scale and min, so that value i = scale * q[i] + min. The scale and min are the
-// products gguf-py's dequantize forms (d * sub-scale, dmin * sub-min): each is exact in float32 (at most 17
-// significant bits), scale * q is exact too (at most 24), so widening with one fused multiply-add gives gguf-py's
-// float32 value to the bit. F16, BF16 and F32 chunks widen to their values directly.
+// Each integer type's block is read in two parts: its scales, once a block (`scales`: a float scale and min for
+// every 16 values), and each 32-value chunk's integers (`ints`: 32 signed bytes, value i in byte i), so that value i
+// of half h = s[h] * q[i] + m[h]. The scales and mins are the products gguf-py's dequantize forms (d * sub-scale,
+// dmin * sub-min, or a type's constant offset times d): each is exact in float32 (at most 17 significant bits), and
+// so is s * q (at most 24), so widening with one fused multiply-add gives gguf-py's float32 value to the bit. The
+// 4-bit types also name where each chunk's nibbles lie (`nibbles`), for kernels that look their 16 possible values
+// up in a table instead of converting each (kTable). F16, BF16 and F32 widen to their values directly.
 #pragma once
 
 #include <immintrin.h>
@@ -37,10 +39,17 @@ enum Type : int64_t {
 
 constexpr int64_t kChunk = 32;
 
-// 32 values of an integer type: value i = scale[i / 16] * q[i] + min[i / 16].
-struct Chunk {
-  __m256i q;
-  float scale[2], min[2];
+// How a type's 16 possible 4-bit values are tabled: none (its values are converted), scale * i + min, or scale times
+// IQ4_NL's 16 values (ggml's kvalues_iq4nl).
+enum class Table { kNone, kAffine, kIQ4 };
+constexpr float kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// Where a chunk's 32 4-bit indices lie: values 0..15 in the bytes at `low` (shifted right by low_shift), values
+// 16..31 in those at `high` (by high_shift).
+struct Nibbles {
+  const uint8_t* low;
+  const uint8_t* high;
+  int low_shift, high_shift;
 };
 
 inline float half_at(const uint8_t* p) {
@@ -64,6 +73,12 @@ inline __m256i nibbles(const uint8_t* p) {
   return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask), _mm_and_si128(bytes, mask));
 }
 
+// The low (odd = false) or high 4 bits of each of 32 bytes.
+inline __m256i nibble_run(const uint8_t* p, bool odd) {
+  const __m256i bytes = load32(p);
+  return _mm256_and_si256(odd ? _mm256_srli_epi16(bytes, 4) : bytes, _mm256_set1_epi8(0x0F));
+}
+
 // Byte i all ones where bit i of `bits` is set, else zero.
 inline __m256i bit_bytes(uint32_t bits) {
   const __m256i spread = _mm256_shuffle_epi8(
@@ -78,14 +93,27 @@ inline __m256i crumbs(__m256i bytes, int g) {
   return _mm256_and_si256(_mm256_srl_epi16(bytes, _mm_cvtsi32_si128(2 * g)), _mm256_set1_epi8(3));
 }
 
-// IQ4_NL's and IQ4_XS's 16 values (ggml's kvalues_iq4nl), looked up by each byte's low 4 bits.
+// Byte i all ones where bit `bit` of byte i of `bytes` is set, else zero.
+inline __m256i bit_set(__m256i bytes, int bit) {
+  const __m256i select = _mm256_set1_epi8(static_cast<char>(1 << bit));
+  return _mm256_cmpeq_epi8(_mm256_and_si256(bytes, select), select);
+}
+
+// Byte i is 16 where bit `bit` of byte i of `bytes` is set, else 0.
+inline __m256i fifth_bits(__m256i bytes, int bit) { return _mm256_and_si256(bit_set(bytes, bit), _mm256_set1_epi8(16)); }
+
+// IQ4_NL's and IQ4_XS's values, looked up by each byte's low 4 bits.
 inline __m256i iq4_values(__m256i indices) {
   const __m256i table = _mm256_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
                                          -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
   return _mm256_shuffle_epi8(table, indices);
 }
 
-inline Chunk uniform(__m256i q, float scale, float min = 0.f) { return Chunk{q, {scale, scale}, {min, min}}; }
+// A 32-value block's one scale and min, for both halves.
+inline void uniform(float* s, float* m, float scale, float min) {
+  s[0] = s[1] = scale;
+  m[0] = m[1] = min;
+}
 
 // The 6-bit scale and min j of a K-quant's 12 packed bytes (ggml's get_scale_min_k4).
 inline void scale_min_k4(const uint8_t* s, int j, int* scale, int* min) {
@@ -96,6 +124,28 @@ inline void scale_min_k4(const uint8_t* s, int j, int* scale, int* min) {
     *scale = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
     *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
   }
+}
+
+// Q4_K's and Q5_K's scales: d * scale and -(dmin * min) of each 32-value sub-block, for both its halves. The 12
+// bytes unpacked into 8 scales and 8 mins as llama.cpp's dot products unpack them (get_scale_min_k4 for all 8 at
+// once), each widened, multiplied and duplicated for the two halves 8 at a time.
+inline void k4_scales(const uint8_t* b, float* s, float* m) {
+  uint32_t packed[3], scales[2], mins[2];
+  std::memcpy(packed, b + 4, 12);
+  scales[0] = packed[0] & 0x3f3f3f3f;
+  scales[1] = (packed[2] & 0x0f0f0f0f) | (((packed[0] >> 6) & 0x03030303) << 4);
+  mins[0] = packed[1] & 0x3f3f3f3f;
+  mins[1] = ((packed[2] >> 4) & 0x0f0f0f0f) | (((packed[1] >> 6) & 0x03030303) << 4);
+  const auto eight = [](const uint32_t* bytes) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes))));
+  };
+  const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(half_at(b)), eight(scales));
+  const __m256 min = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(_mm256_set1_ps(half_at(b + 2)), eight(mins)));
+  const __m256i first = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), second = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+  _mm256_storeu_ps(s, _mm256_permutevar8x32_ps(scale, first));
+  _mm256_storeu_ps(s + 8, _mm256_permutevar8x32_ps(scale, second));
+  _mm256_storeu_ps(m, _mm256_permutevar8x32_ps(min, first));
+  _mm256_storeu_ps(m + 8, _mm256_permutevar8x32_ps(min, second));
 }
 
 // Q3_K's sub-block scale j (0..15) from its 12 packed bytes: 4 low bits and 2 high bits, less 32.
@@ -110,130 +160,157 @@ struct Format;
 template <>
 struct Format<kQ8_0> {  // d, 32 int8
   static constexpr int64_t kValues = 32, kBytes = 34;
-  static Chunk chunk(const uint8_t* b, int) { return uniform(load32(b + 2), half_at(b)); }
+  static constexpr Table kTable = Table::kNone;
+  static void scales(const uint8_t* b, float* s, float* m) { uniform(s, m, half_at(b), 0.f); }
+  static __m256i ints(const uint8_t* b, int) { return load32(b + 2); }
 };
 template <>
-struct Format<kQ4_0> {  // d, 16 bytes of nibbles; q - 8
+struct Format<kQ4_0> {  // d, 16 bytes of nibbles; d * (q - 8)
   static constexpr int64_t kValues = 32, kBytes = 18;
-  static Chunk chunk(const uint8_t* b, int) {
-    return uniform(_mm256_sub_epi8(nibbles(b + 2), _mm256_set1_epi8(8)), half_at(b));
-  }
+  static constexpr Table kTable = Table::kAffine;
+  static void scales(const uint8_t* b, float* s, float* m) { uniform(s, m, half_at(b), -8.f * half_at(b)); }
+  static __m256i ints(const uint8_t* b, int) { return nibbles(b + 2); }
+  static Nibbles nibbles_of(const uint8_t* b, int) { return {b + 2, b + 2, 0, 4}; }
 };
 template <>
 struct Format<kQ4_1> {  // d, m, 16 bytes of nibbles
   static constexpr int64_t kValues = 32, kBytes = 20;
-  static Chunk chunk(const uint8_t* b, int) { return uniform(nibbles(b + 4), half_at(b), half_at(b + 2)); }
+  static constexpr Table kTable = Table::kAffine;
+  static void scales(const uint8_t* b, float* s, float* m) { uniform(s, m, half_at(b), half_at(b + 2)); }
+  static __m256i ints(const uint8_t* b, int) { return nibbles(b + 4); }
+  static Nibbles nibbles_of(const uint8_t* b, int) { return {b + 4, b + 4, 0, 4}; }
 };
 template <>
-struct Format<kQ5_0> {  // d, 32 fifth bits, 16 bytes of nibbles; q - 16
+struct Format<kIQ4_NL> {  // d, 16 bytes of nibbles indexing kvalues_iq4nl
+  static constexpr int64_t kValues = 32, kBytes = 18;
+  static constexpr Table kTable = Table::kIQ4;
+  static void scales(const uint8_t* b, float* s, float* m) { uniform(s, m, half_at(b), 0.f); }
+  static __m256i ints(const uint8_t* b, int) { return iq4_values(nibbles(b + 2)); }
+  static Nibbles nibbles_of(const uint8_t* b, int) { return {b + 2, b + 2, 0, 4}; }
+};
+template <>
+struct Format<kQ5_0> {  // d, 32 fifth bits, 16 bytes of nibbles; d * (q - 16)
   static constexpr int64_t kValues = 32, kBytes = 22;
-  static Chunk chunk(const uint8_t* b, int) {
-    const __m256i q = _mm256_or_si256(nibbles(b + 6), _mm256_and_si256(bit_bytes(u32_at(b + 2)), _mm256_set1_epi8(16)));
-    return uniform(_mm256_sub_epi8(q, _mm256_set1_epi8(16)), half_at(b));
+  static constexpr Table kTable = Table::kNone;
+  static void scales(const uint8_t* b, float* s, float* m) { uniform(s, m, half_at(b), -16.f * half_at(b)); }
+  static __m256i ints(const uint8_t* b, int) {
+    return _mm256_or_si256(nibbles(b + 6), _mm256_and_si256(bit_bytes(u32_at(b + 2)), _mm256_set1_epi8(16)));
   }
 };
 template <>
 struct Format<kQ5_1> {  // d, m, 32 fifth bits, 16 bytes of nibbles
   static constexpr int64_t kValues = 32, kBytes = 24;
-  static Chunk chunk(const uint8_t* b, int) {
-    const __m256i q = _mm256_or_si256(nibbles(b + 8), _mm256_and_si256(bit_bytes(u32_at(b + 4)), _mm256_set1_epi8(16)));
-    return uniform(q, half_at(b), half_at(b + 2));
+  static constexpr Table kTable = Table::kNone;
+  static void scales(const uint8_t* b, float* s, float* m) { uniform(s, m, half_at(b), half_at(b + 2)); }
+  static __m256i ints(const uint8_t* b, int) {
+    return _mm256_or_si256(nibbles(b + 8), _mm256_and_si256(bit_bytes(u32_at(b + 4)), _mm256_set1_epi8(16)));
   }
-};
-template <>
-struct Format<kIQ4_NL> {  // d, 16 bytes of nibbles indexing kvalues_iq4nl
-  static constexpr int64_t kValues = 32, kBytes = 18;
-  static Chunk chunk(const uint8_t* b, int) { return uniform(iq4_values(nibbles(b + 2)), half_at(b)); }
 };
 template <>
 struct Format<kQ2_K> {  // 16 scale|min nibbles, 64 bytes of 2-bit values, d, dmin
   static constexpr int64_t kValues = 256, kBytes = 84;
-  static Chunk chunk(const uint8_t* b, int c) {
+  static constexpr Table kTable = Table::kNone;
+  static void scales(const uint8_t* b, float* s, float* m) {
     const float d = half_at(b + 80), dmin = half_at(b + 82);
-    Chunk out{crumbs(load32(b + 16 + 32 * (c / 4)), c % 4), {}, {}};
-    for (int h = 0; h < 2; ++h) {
-      const uint8_t s = b[2 * c + h];
-      out.scale[h] = d * static_cast<float>(s & 0xF);
-      out.min[h] = -(dmin * static_cast<float>(s >> 4));
+    for (int h = 0; h < 16; ++h) {
+      s[h] = d * static_cast<float>(b[h] & 0xF);
+      m[h] = -(dmin * static_cast<float>(b[h] >> 4));
     }
-    return out;
   }
+  static __m256i ints(const uint8_t* b, int c) { return crumbs(load32(b + 16 + 32 * (c / 4)), c % 4); }
 };
 template <>
 struct Format<kQ3_K> {  // 32 bytes of high bits, 64 bytes of 2-bit values, 12 bytes of 6-bit scales, d
   static constexpr int64_t kValues = 256, kBytes = 110;
-  static Chunk chunk(const uint8_t* b, int c) {
+  static constexpr Table kTable = Table::kNone;
+  static void scales(const uint8_t* b, float* s, float* m) {
     const float d = half_at(b + 108);
+    for (int h = 0; h < 16; ++h) {
+      s[h] = d * static_cast<float>(q3_k_scale(b + 96, h));
+      m[h] = 0.f;
+    }
+  }
+  static __m256i ints(const uint8_t* b, int c) {  // the 2 low bits, less 4 where the high bit is clear
     const __m256i low = crumbs(load32(b + 32 + 32 * (c / 4)), c % 4);
-    const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << c));
-    const __m256i clear = _mm256_cmpeq_epi8(_mm256_and_si256(load32(b), bit), _mm256_setzero_si256());
-    Chunk out{_mm256_sub_epi8(low, _mm256_and_si256(clear, _mm256_set1_epi8(4))), {}, {0.f, 0.f}};
-    for (int h = 0; h < 2; ++h) out.scale[h] = d * static_cast<float>(q3_k_scale(b + 96, 2 * c + h));
-    return out;
+    return _mm256_sub_epi8(low, _mm256_andnot_si256(bit_set(load32(b), c), _mm256_set1_epi8(4)));
   }
 };
 template <>
 struct Format<kQ4_K> {  // d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles
   static constexpr int64_t kValues = 256, kBytes = 144;
-  static Chunk chunk(const uint8_t* b, int c) {
-    int scale, min;
-    scale_min_k4(b + 4, c, &scale, &min);
-    const __m256i bytes = load32(b + 16 + 32 * (c / 2));
-    const __m256i q = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(bytes, 4) : bytes, _mm256_set1_epi8(0x0F));
-    return uniform(q, half_at(b) * static_cast<float>(scale), -(half_at(b + 2) * static_cast<float>(min)));
+  static constexpr Table kTable = Table::kAffine;
+  static void scales(const uint8_t* b, float* s, float* m) { k4_scales(b, s, m); }
+  static __m256i ints(const uint8_t* b, int c) { return nibble_run(b + 16 + 32 * (c / 2), c % 2); }
+  static Nibbles nibbles_of(const uint8_t* b, int c) {
+    const uint8_t* run = b + 16 + 32 * (c / 2);
+    return {run, run + 16, 4 * (c % 2), 4 * (c % 2)};
   }
 };
 template <>
 struct Format<kQ5_K> {  // d, dmin, 12 bytes of 6-bit scales and mins, 32 bytes of fifth bits, 128 bytes of nibbles
   static constexpr int64_t kValues = 256, kBytes = 176;
-  static Chunk chunk(const uint8_t* b, int c) {
-    int scale, min;
-    scale_min_k4(b + 4, c, &scale, &min);
-    const __m256i bytes = load32(b + 48 + 32 * (c / 2));
-    const __m256i low = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(bytes, 4) : bytes, _mm256_set1_epi8(0x0F));
-    const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << c));
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(load32(b + 16), bit), bit);
-    const __m256i q = _mm256_or_si256(low, _mm256_and_si256(set, _mm256_set1_epi8(16)));
-    return uniform(q, half_at(b) * static_cast<float>(scale), -(half_at(b + 2) * static_cast<float>(min)));
+  static constexpr Table kTable = Table::kNone;
+  static void scales(const uint8_t* b, float* s, float* m) { k4_scales(b, s, m); }
+  static __m256i ints(const uint8_t* b, int c) {
+    return _mm256_or_si256(nibble_run(b + 48 + 32 * (c / 2), c % 2), fifth_bits(load32(b + 16), c));
   }
 };
 template <>
 struct Format<kQ6_K> {  // 128 bytes of low nibbles, 64 bytes of high 2 bits, 16 int8 scales, d; q - 32
   static constexpr int64_t kValues = 256, kBytes = 210;
-  static Chunk chunk(const uint8_t* b, int c) {
-    const int half = c / 4, g = c % 4;
-    const __m256i bytes = load32(b + 64 * half + 32 * (g & 1));
-    const __m256i low = _mm256_and_si256(g >= 2 ? _mm256_srli_epi16(bytes, 4) : bytes, _mm256_set1_epi8(0x0F));
-    const __m256i high = _mm256_slli_epi16(crumbs(load32(b + 128 + 32 * half), g), 4);
-    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
+  static constexpr Table kTable = Table::kNone;
+  static void scales(const uint8_t* b, float* s, float* m) {
     const float d = half_at(b + 208);
-    const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192 + 8 * half + 2 * g);
-    return Chunk{q, {d * static_cast<float>(scales[0]), d * static_cast<float>(scales[1])}, {0.f, 0.f}};
+    const int8_t* sub = reinterpret_cast<const int8_t*>(b + 192);
+    // chunk c = 4 * half + g holds sub-scales 8 * half + 2 * g and the next, in ggml's order
+    for (int h = 0; h < 16; ++h) {
+      s[h] = d * static_cast<float>(sub[h]);
+      m[h] = 0.f;
+    }
+  }
+  static __m256i ints(const uint8_t* b, int c) {
+    const int half = c / 4, g = c % 4;
+    const __m256i low = nibble_run(b + 64 * half + 32 * (g & 1), g >= 2);
+    const __m256i high = _mm256_slli_epi16(crumbs(load32(b + 128 + 32 * half), g), 4);
+    return _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
   }
 };
 template <>
 struct Format<kIQ4_XS> {  // d, 16 high scale bits, 4 bytes of low scale nibbles, 128 bytes of nibbles
   static constexpr int64_t kValues = 256, kBytes = 136;
-  static Chunk chunk(const uint8_t* b, int c) {
+  static constexpr Table kTable = Table::kIQ4;
+  static void scales(const uint8_t* b, float* s, float* m) {
+    const float d = half_at(b);
     uint16_t high;
     std::memcpy(&high, b + 2, 2);
-    const int ls = ((b[4 + c / 2] >> (4 * (c % 2))) & 0xF) | (((high >> (2 * c)) & 3) << 4);
-    return uniform(iq4_values(nibbles(b + 8 + 16 * c)), half_at(b) * static_cast<float>(ls - 32));
+    for (int c = 0; c < 8; ++c) {
+      const int ls = ((b[4 + c / 2] >> (4 * (c % 2))) & 0xF) | (((high >> (2 * c)) & 3) << 4);
+      s[2 * c] = s[2 * c + 1] = d * static_cast<float>(ls - 32);
+      m[2 * c] = m[2 * c + 1] = 0.f;
+    }
   }
+  static __m256i ints(const uint8_t* b, int c) { return iq4_values(nibbles(b + 8 + 16 * c)); }
+  static Nibbles nibbles_of(const uint8_t* b, int c) { return {b + 8 + 16 * c, b + 8 + 16 * c, 0, 4}; }
 };
-// The float types, as blocks of 32 values: their chunks widen without a Chunk (gguf_linear.cpp's widen).
+// The float types, as blocks of 32 values: their chunks widen directly (gguf_linear.cpp's widen).
 template <>
 struct Format<kF16> {
   static constexpr int64_t kValues = 32, kBytes = 64;
+  static constexpr Table kTable = Table::kNone;
 };
 template <>
 struct Format<kBF16> {
   static constexpr int64_t kValues = 32, kBytes = 64;
+  static constexpr Table kTable = Table::kNone;
 };
 template <>
 struct Format<kF32> {
   static constexpr int64_t kValues = 32, kBytes = 128;
+  static constexpr Table kTable = Table::kNone;
 };
+
+template <Type T>
+constexpr bool kFloat = T == kF16 || T == kBF16 || T == kF32;
 
 // Calls f(Format<T>{}-typed constant) for the runtime type id; false when the id is not one read here.
 template <typename F>

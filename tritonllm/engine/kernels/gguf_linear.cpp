@@ -21,21 +21,58 @@
 namespace {
 
 using float_vec::Vec;
-using gguf_blocks::Chunk;
 using gguf_blocks::Format;
 using gguf_blocks::kChunk;
+using gguf_blocks::kFloat;
+using gguf_blocks::Table;
 using gguf_blocks::Type;
 
 constexpr int kVecs = kChunk / float_vec::kLanes;  // vectors a chunk widens into
 
 #if defined(__AVX512F__)
-constexpr int kColumns = 4;  // weight rows a one-row step reads side by side
-inline void widen_chunk(const Chunk& c, Vec w[kVecs]) {
-  w[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(c.q))),
-                         _mm512_set1_ps(c.scale[0]), _mm512_set1_ps(c.min[0]));
-  w[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(c.q, 1))),
-                         _mm512_set1_ps(c.scale[1]), _mm512_set1_ps(c.min[1]));
+constexpr int kColumns = 8;  // weight rows a one-row step reads side by side
+// 32 integers q as two vectors of 16 floats, s[h] * q + m[h] for each half h.
+inline void widen_ints(__m256i q, const float* s, const float* m, Vec w[kVecs]) {
+  w[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), _mm512_set1_ps(s[0]),
+                         _mm512_set1_ps(m[0]));
+  w[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))),
+                         _mm512_set1_ps(s[1]), _mm512_set1_ps(m[1]));
 }
+// A 4-bit type's 32 values looked up in a table of the 16 each half can hold (scale * i + min, or scale times
+// IQ4_NL's values: the same single rounding as widening each), by each nibble: vpermps reads an index's low 4 bits,
+// so a byte's low nibble needs no mask and its high one a shift. One lookup a vector instead of a conversion and a
+// fused multiply-add, and the table costs one step a half.
+// (Every tabled type has one scale and min for its 32 values: the table serves both halves.)
+template <Type T>
+inline __m512 table_of(float s, float m) {
+  if constexpr (Format<T>::kTable == Table::kAffine)
+    return _mm512_fmadd_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_ps(s),
+                           _mm512_set1_ps(m));
+  return _mm512_mul_ps(_mm512_loadu_ps(gguf_blocks::kIQ4Values), _mm512_set1_ps(s));
+}
+inline __m512i nibble_indices(const uint8_t* p) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+template <Type T>
+inline void look_up(const uint8_t* block, int c, const float* s, const float* m, Vec w[kVecs]) {
+  const gguf_blocks::Nibbles n = Format<T>::nibbles_of(block, c);
+  const __m512 table = table_of<T>(s[0], m[0]);
+  const __m512i low = nibble_indices(n.low), high = n.high == n.low ? low : nibble_indices(n.high);
+  w[0] = _mm512_permutexvar_ps(n.low_shift ? _mm512_srli_epi32(low, 4) : low, table);
+  w[1] = _mm512_permutexvar_ps(n.high_shift ? _mm512_srli_epi32(high, 4) : high, table);
+}
+// Q4_K's chunks 2j and 2j + 1 at once: the low and the high nibbles of the same 32 bytes, each byte widened once.
+inline void look_up_run(const uint8_t* block, int j, const float* s, const float* m, Vec w[4]) {
+  const uint8_t* run = block + 16 + 32 * j;
+  const __m512i low = nibble_indices(run), high = nibble_indices(run + 16);
+  const __m512 even = table_of<gguf_blocks::kQ4_K>(s[4 * j], m[4 * j]);
+  const __m512 odd = table_of<gguf_blocks::kQ4_K>(s[4 * j + 2], m[4 * j + 2]);
+  w[0] = _mm512_permutexvar_ps(low, even);
+  w[1] = _mm512_permutexvar_ps(high, even);
+  w[2] = _mm512_permutexvar_ps(_mm512_srli_epi32(low, 4), odd);
+  w[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(high, 4), odd);
+}
+constexpr bool kLooksUp = true;
 inline Vec half_floats(const uint8_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
@@ -45,14 +82,18 @@ inline Vec brain_floats(const uint8_t* p) {
 }
 #else
 constexpr int kColumns = 2;  // AVX2's 16 registers: two rows' 8 widened vectors beside their sums
-inline void widen_chunk(const Chunk& c, Vec w[kVecs]) {
-  const __m128i halves[2] = {_mm256_castsi256_si128(c.q), _mm256_extracti128_si256(c.q, 1)};
+inline void widen_ints(__m256i q, const float* s, const float* m, Vec w[kVecs]) {
+  const __m128i halves[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
   for (int i = 0; i < kVecs; ++i) {
     const __m128i part = i % 2 ? _mm_srli_si128(halves[i / 2], 8) : halves[i / 2];
-    w[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part)), _mm256_set1_ps(c.scale[i / 2]),
-                           _mm256_set1_ps(c.min[i / 2]));
+    w[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part)), _mm256_set1_ps(s[i / 2]),
+                           _mm256_set1_ps(m[i / 2]));
   }
 }
+template <Type T>
+inline void look_up(const uint8_t*, int, const float*, const float*, Vec*) {}  // AVX2 has no 16-float permute
+inline void look_up_run(const uint8_t*, int, const float*, const float*, Vec*) {}
+constexpr bool kLooksUp = false;
 inline Vec half_floats(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 inline Vec brain_floats(const uint8_t* p) {
   const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -60,26 +101,46 @@ inline Vec brain_floats(const uint8_t* p) {
 }
 #endif
 
-// Chunk c (of Format<T>::kValues / 32) of the block at `block`, as float32 vectors.
+// A block's scales and mins, one of each for every 16 values (none for the float types).
 template <Type T>
-inline void widen(const uint8_t* block, int c, Vec w[kVecs]) {
-  if constexpr (T == gguf_blocks::kF32) {
+struct BlockScales {
+  static constexpr int kHalves = Format<T>::kValues / 16;
+  float s[kHalves], m[kHalves];
+  void read(const uint8_t* block) {
+    if constexpr (!kFloat<T>) Format<T>::scales(block, s, m);
+  }
+};
+
+// The values a kernel widens at a time: a chunk, or Q4_K's two chunks of one run of bytes where it looks them up.
+template <Type T>
+constexpr int kStep = kLooksUp && T == gguf_blocks::kQ4_K ? 2 * kChunk : kChunk;
+template <Type T>
+constexpr int kStepVecs = kStep<T> / float_vec::kLanes;
+
+// Step c of the block at `block`, as float32 vectors (`scales`: the block's).
+template <Type T>
+inline void widen(const uint8_t* block, int c, const BlockScales<T>& scales, Vec w[kStepVecs<T>]) {
+  if constexpr (kStep<T> != kChunk) {
+    look_up_run(block, c, scales.s, scales.m, w);
+  } else if constexpr (T == gguf_blocks::kF32) {
     for (int i = 0; i < kVecs; ++i) w[i] = float_vec::load(reinterpret_cast<const float*>(block) + i * float_vec::kLanes);
   } else if constexpr (T == gguf_blocks::kF16) {
     for (int i = 0; i < kVecs; ++i) w[i] = half_floats(block + 2 * i * float_vec::kLanes);
   } else if constexpr (T == gguf_blocks::kBF16) {
     for (int i = 0; i < kVecs; ++i) w[i] = brain_floats(block + 2 * i * float_vec::kLanes);
+  } else if constexpr (kLooksUp && Format<T>::kTable != Table::kNone) {
+    look_up<T>(block, c, scales.s + 2 * c, scales.m + 2 * c, w);
   } else {
-    widen_chunk(Format<T>::chunk(block, c), w);
+    widen_ints(Format<T>::ints(block, c), scales.s + 2 * c, scales.m + 2 * c, w);
   }
 }
 
 template <Type T>
-constexpr int kChunks = Format<T>::kValues / kChunk;
+constexpr int kSteps = Format<T>::kValues / kStep<T>;
 
-// out[r * out_stride + c] = x[r] . W[ns[c]] for ROWS input rows and COLS weight rows.
+// out[r * out_stride + ns[c] - first] = x[r] . W[ns[c]] for ROWS input rows and COLS weight rows.
 template <Type T, int ROWS, int COLS>
-void tile(const float* x, int64_t x_stride, const GGUFWeight& weight, const int64_t* ns, float* out,
+void tile(const float* x, int64_t x_stride, const GGUFWeight& weight, const int64_t* ns, int64_t first, float* out,
           int64_t out_stride) {
   Vec acc[ROWS][COLS];
   const uint8_t* rows[COLS];
@@ -87,39 +148,38 @@ void tile(const float* x, int64_t x_stride, const GGUFWeight& weight, const int6
   for (int r = 0; r < ROWS; ++r)
     for (int c = 0; c < COLS; ++c) acc[r][c] = float_vec::zero();
   const int64_t blocks = weight.k / Format<T>::kValues;
+  BlockScales<T> scales[COLS];
   for (int64_t b = 0; b < blocks; ++b) {
-    for (int chunk = 0; chunk < kChunks<T>; ++chunk) {
-      Vec w[COLS][kVecs];
-      for (int c = 0; c < COLS; ++c) widen<T>(rows[c] + b * Format<T>::kBytes, chunk, w[c]);
-      const int64_t at = b * Format<T>::kValues + chunk * kChunk;
+    for (int c = 0; c < COLS; ++c) scales[c].read(rows[c] + b * Format<T>::kBytes);
+    for (int step = 0; step < kSteps<T>; ++step) {
+      Vec w[COLS][kStepVecs<T>];
+      for (int c = 0; c < COLS; ++c) widen<T>(rows[c] + b * Format<T>::kBytes, step, scales[c], w[c]);
+      const int64_t at = b * Format<T>::kValues + step * kStep<T>;
       for (int r = 0; r < ROWS; ++r)
-        for (int i = 0; i < kVecs; ++i) {
+        for (int i = 0; i < kStepVecs<T>; ++i) {
           const Vec xv = float_vec::load(x + r * x_stride + at + i * float_vec::kLanes);
           for (int c = 0; c < COLS; ++c) acc[r][c] = float_vec::fma(w[c][i], xv, acc[r][c]);
         }
     }
   }
   for (int r = 0; r < ROWS; ++r)
-    for (int c = 0; c < COLS; ++c) out[r * out_stride + c] = float_vec::sum_lanes(acc[r][c]);
+    for (int c = 0; c < COLS; ++c) out[r * out_stride + ns[c] - first] = float_vec::sum_lanes(acc[r][c]);
 }
 
 template <Type T>
 void unit(const float* x, int64_t rows, const GGUFWeight& weight, int64_t first, int64_t last, float* out,
           int64_t out_stride) {
   if (rows == 1) {
-    // kColumns weight rows at once, adjacent in memory, their outputs adjacent too
-    int64_t n = first;
-    int64_t ns[kColumns];
-    for (; n + kColumns <= last; n += kColumns) {
-      for (int c = 0; c < kColumns; ++c) ns[c] = n + c;
-      tile<T, 1, kColumns>(x, weight.k, weight, ns, out + n - first, out_stride);
-    }
-    for (; n < last; ++n) tile<T, 1, 1>(x, weight.k, weight, &n, out + n - first, out_stride);
+    // kColumns weight rows at once, each from its own part of the range: as many streams from memory, which a
+    // decode step's weights come from (one stream of neighbouring rows leaves the cores waiting on it)
+    weight_rows::row_groups<kColumns>(first, last, [&](auto cols, const int64_t* ns) {
+      tile<T, 1, decltype(cols)::value>(x, weight.k, weight, ns, first, out, out_stride);
+    });
     return;
   }
   for (int64_t n = first; n < last; ++n)
     float_vec::even_tiles<8>(rows, [&](auto tile_rows, int64_t m) {
-      tile<T, decltype(tile_rows)::value, 1>(x + m * weight.k, weight.k, weight, &n, out + m * out_stride + n - first,
+      tile<T, decltype(tile_rows)::value, 1>(x + m * weight.k, weight.k, weight, &n, first, out + m * out_stride,
                                              out_stride);
     });
 }
@@ -127,16 +187,19 @@ void unit(const float* x, int64_t rows, const GGUFWeight& weight, int64_t first,
 template <Type T>
 void widen_rows(const GGUFWeight& weight, int64_t first, int64_t count, float* out) {
   const int64_t blocks = weight.k / Format<T>::kValues;
+  BlockScales<T> scales;
   for (int64_t j = 0; j < count; ++j) {
     const uint8_t* row = weight.row(first + j);
     float* o = out + j * weight.k;
-    for (int64_t b = 0; b < blocks; ++b)
-      for (int chunk = 0; chunk < kChunks<T>; ++chunk) {
-        Vec w[kVecs];
-        widen<T>(row + b * Format<T>::kBytes, chunk, w);
-        for (int i = 0; i < kVecs; ++i)
-          float_vec::store(o + b * Format<T>::kValues + chunk * kChunk + i * float_vec::kLanes, w[i]);
+    for (int64_t b = 0; b < blocks; ++b) {
+      scales.read(row + b * Format<T>::kBytes);
+      for (int step = 0; step < kSteps<T>; ++step) {
+        Vec w[kStepVecs<T>];
+        widen<T>(row + b * Format<T>::kBytes, step, scales, w);
+        for (int i = 0; i < kStepVecs<T>; ++i)
+          float_vec::store(o + b * Format<T>::kValues + step * kStep<T> + i * float_vec::kLanes, w[i]);
       }
+    }
   }
 }
 
