@@ -274,6 +274,24 @@ struct Format<kQ6_K> {  // 128 bytes of low nibbles, 64 bytes of high 2 bits, 16
     const __m256i high = _mm256_slli_epi16(crumbs(load32(b + 128 + 32 * half), g), 4);
     return _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
   }
+#if defined(__AVX512BW__)
+  // All 256 integers into q, 64 at a time: chunks g and g + 1 of a half take the low (g = 0) or high (g = 2)
+  // nibbles of its 64 bytes, and their high bits from the same 32 bytes shifted by 2g and 2g + 2.
+  static void unpack(const uint8_t* b, int8_t* q) {
+    const __m512i mask4 = _mm512_set1_epi8(0x0F), mask2 = _mm512_set1_epi8(3), offset = _mm512_set1_epi8(32);
+    for (int half = 0; half < 2; ++half) {
+      const __m512i low = _mm512_loadu_si512(b + 64 * half);
+      const __m512i high = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * half)));
+      for (int g = 0; g < 4; g += 2) {
+        const __m512i nibbles = _mm512_and_si512(g ? _mm512_srli_epi16(low, 4) : low, mask4);
+        const __m512i shifts = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<int16_t>(2 * g)),
+                                                  _mm256_set1_epi16(static_cast<int16_t>(2 * g + 2)), 1);
+        const __m512i bits = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(high, shifts), mask2), 4);
+        _mm512_storeu_si512(q + 128 * half + 32 * g, _mm512_sub_epi8(_mm512_or_si512(nibbles, bits), offset));
+      }
+    }
+  }
+#endif
 };
 template <>
 struct Format<kIQ4_XS> {  // d, 16 high scale bits, 4 bytes of low scale nibbles, 128 bytes of nibbles
