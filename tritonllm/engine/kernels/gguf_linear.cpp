@@ -154,6 +154,10 @@ inline void widen(const uint8_t* block, int c, const BlockScales<T>& scales, Vec
 template <Type T>
 constexpr int kSteps = Format<T>::kValues / kStep<T>;
 
+// How far ahead a one-row tile asks for its weight rows' bytes: some 1 KB a row.
+template <Type T>
+constexpr int64_t kPrefetchBlocks = (1024 + Format<T>::kBytes - 1) / Format<T>::kBytes;
+
 // out[r * out_stride + ns[c] - first] = x[r] . W[ns[c]] for ROWS input rows and COLS weight rows.
 template <Type T, int ROWS, int COLS>
 void tile(const float* x, int64_t x_stride, const GGUFWeight& weight, const int64_t* ns, int64_t first, float* out,
@@ -167,6 +171,11 @@ void tile(const float* x, int64_t x_stride, const GGUFWeight& weight, const int6
   BlockScales<T> scales[COLS];
   for (int64_t b = 0; b < blocks; ++b) {
     for (int c = 0; c < COLS; ++c) scales[c].read(rows[c] + b * Format<T>::kBytes);
+    if constexpr (ROWS == 1)
+      for (int c = 0; c < COLS; ++c)
+        for (int64_t line = 0; line < Format<T>::kBytes; line += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(rows[c] + (b + kPrefetchBlocks<T>) * Format<T>::kBytes + line),
+                       _MM_HINT_T0);
     for (int step = 0; step < kSteps<T>; ++step) {
       Vec w[COLS][kStepVecs<T>];
       for (int c = 0; c < COLS; ++c) widen<T>(rows[c] + b * Format<T>::kBytes, step, scales[c], w[c]);
