@@ -8,6 +8,9 @@ of 16 tokens in bfloat16), both on every core.
 
     .venv/bin/python bench/real_size.py --shape 1b --types Q4_K_M Q5_K_M Q8_0 IQ4_XS
     .venv/bin/python bench/real_size.py --shape 8b --types Q4_K_M --skip-speed
+    .venv/bin/python bench/real_size.py --shape 1b --servers "this project" "this project, dequantized folder"
+
+The dequantized folder is the way a GGUF file was served before it was read in place (an A/B on one machine).
 """
 
 from __future__ import annotations
@@ -24,10 +27,13 @@ from peers import MODEL, STARTS, Server, fresh_prompts, llama_cpp, llama_cpp_cas
 from real_size_models import gguf_file
 from run import RESULTS, Workload, machine
 
+from tritonllm.formats import gguf
+
 CONTEXT_TOKENS = 8192
 STREAMS = 16
 ONE = Workload(requests=1, prompt_tokens=64, new_tokens=64)
 MANY = Workload(requests=STREAMS, prompt_tokens=64, new_tokens=64)
+BEFORE = "this project, dequantized folder"
 
 
 @dataclass
@@ -43,16 +49,22 @@ class Row:
 
 def start(name: str, file: Path) -> tuple[Server, int, bool]:
     if name == "llama.cpp":
-        server, port = llama_cpp(file, CONTEXT_TOKENS, STREAMS, log="llama-server-real-size.log.tmp")
+        server, port = llama_cpp(file, CONTEXT_TOKENS, STREAMS, log=f"{log_name(name)}.log.tmp")
         return server, port, False
     flags = ("--num-kv-blocks", str(CONTEXT_TOKENS // 16), "--kv-cache-dtype", "bfloat16", "--no-embedding")
-    server, port, _ = ours(RESULTS / "tritonllm-real-size.log.tmp", model=file, flags=flags)
+    # BEFORE: the file dequantized into a float32 folder whose layers go back into blocks, the only way before
+    model = gguf.hf_model_dir(file, dequantize=True) if name == BEFORE else file
+    server, port, _ = ours(RESULTS / f"{log_name(name)}.log.tmp", model=model, flags=flags)
     return server, port, True
+
+
+def log_name(name: str) -> str:
+    return {"llama.cpp": "llama-server-real-size", BEFORE: "tritonllm-dequantized"}.get(name, "tritonllm-real-size")
 
 
 def measure(name: str, file: Path, prompts, speed: bool) -> Row:
     print(f"[real-size] {file.name}: {name}", file=sys.stderr, flush=True)
-    log = "llama-server-real-size" if name == "llama.cpp" else "tritonllm-real-size"
+    log = log_name(name)
     STARTS.pop(log, None)
     server, _, _ = start(name, file)
     server.stop()  # the first start fills the caches (the page cache with the file, the tokenizer folder)

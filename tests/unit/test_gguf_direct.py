@@ -106,12 +106,26 @@ def test_a_matrix_in_a_type_without_a_kernel_is_refused_at_load_naming_it(smollm
         LLMEngine(EngineConfig(str(gguf.hf_model_dir(smollm2_gguf)), num_kv_blocks=64))
 
 
-def test_an_architecture_the_build_does_not_read_is_dequantized_instead(tmp_path):
+def test_an_architecture_the_build_does_not_read_is_dequantized_instead(tmp_path, monkeypatch):
     written = tmp_path / "other.gguf"
-    writer = gguf_py.GGUFWriter(str(written), "gpt2")
+    writer = gguf_py.GGUFWriter(str(written), "gemma3")
     writer.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    assert gguf.architecture(written) == "gpt2" and "gpt2" not in gguf.SERVED_FROM_FILE
+    calls = []
+
+    def recorded(name):
+        def write(file, out, progress):
+            calls.append((name, out))
+            out.mkdir(parents=True)
+            return out
+
+        return write
+
+    monkeypatch.setenv(gguf.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf, "convert", recorded("convert"))
+    monkeypatch.setattr(gguf, "describe", recorded("describe"))
+    folder = gguf.hf_model_dir(written)
+    assert calls == [("convert", folder)] and not folder.name.endswith("-file")

@@ -64,7 +64,7 @@ def test_each_type_widens_to_gguf_pys_values_bit_for_bit(kind):
     assert torch.equal(ours, expected)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13, GEMM_ROWS - 1, GEMM_ROWS, 80])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13, 20, GEMM_ROWS - 1, GEMM_ROWS, 80])
 @pytest.mark.parametrize("kind", TYPES, ids=lambda t: t.name)
 def test_the_product_equals_the_dequantized_weights_up_to_summation_order(kind, rows):
     out_features, in_features = 37, 768  # an odd row count: the kernel's column groups leave a remainder

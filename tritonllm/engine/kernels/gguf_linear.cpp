@@ -4,12 +4,15 @@
 // the next chunk is read, so a decode step reads each weight byte once; the outputs equal x @ dequantize(W)^T up
 // to the order of float32 summation.
 //   one input row:   several weight rows at once (kColumns), each its own stream from memory
-//   up to 64 rows:   tiles of up to 8 input rows against one weight row
+//   up to 19 rows:   tiles of up to 8 input rows against one weight row
+//   20 to 64 rows:   16 weight rows widened to float32 at a time, through dense_linear.cpp's tiles
 //   more rows:       panel_gemm.cpp's GEMM, each panel of weight rows widened into its scratch as it is taken
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "float_vec.h"
 #include "gguf_blocks.h"
@@ -18,7 +21,14 @@
 #include "panel_gemm.h"
 #include "weight_rows.h"
 
+void dense_rows_times_weight_rows(const float* x, int64_t rows, const float* w, int64_t n, int64_t k, float* out,
+                                  int64_t out_stride);
+
 namespace {
+
+// From this many input rows up, weight rows are widened once and go through the float32 tiles (as
+// quantized_linear.cpp's blocks do, from the same count).
+constexpr int64_t kWidenRows = 20;
 
 using float_vec::Vec;
 using gguf_blocks::Format;
@@ -192,24 +202,6 @@ void tile(const float* x, int64_t x_stride, const GGUFWeight& weight, const int6
 }
 
 template <Type T>
-void unit(const float* x, int64_t rows, const GGUFWeight& weight, int64_t first, int64_t last, float* out,
-          int64_t out_stride) {
-  if (rows == 1) {
-    // kColumns weight rows at once, each from its own part of the range: as many streams from memory, which a
-    // decode step's weights come from (one stream of neighbouring rows leaves the cores waiting on it)
-    weight_rows::row_groups<kColumns>(first, last, [&](auto cols, const int64_t* ns) {
-      tile<T, 1, decltype(cols)::value>(x, weight.k, weight, ns, first, out, out_stride);
-    });
-    return;
-  }
-  for (int64_t n = first; n < last; ++n)
-    float_vec::even_tiles<8>(rows, [&](auto tile_rows, int64_t m) {
-      tile<T, decltype(tile_rows)::value, 1>(x + m * weight.k, weight.k, weight, &n, first, out + m * out_stride,
-                                             out_stride);
-    });
-}
-
-template <Type T>
 void widen_rows(const GGUFWeight& weight, int64_t first, int64_t count, float* out) {
   const int64_t blocks = weight.k / Format<T>::kValues;
   BlockScales<T> scales;
@@ -226,6 +218,37 @@ void widen_rows(const GGUFWeight& weight, int64_t first, int64_t count, float* o
       }
     }
   }
+}
+
+template <Type T>
+void unit(const float* x, int64_t rows, const GGUFWeight& weight, int64_t first, int64_t last, float* out,
+          int64_t out_stride) {
+  if (rows == 1) {
+    // kColumns weight rows at once, each from its own part of the range: as many streams from memory, which a
+    // decode step's weights come from (one stream of neighbouring rows leaves the cores waiting on it)
+    weight_rows::row_groups<kColumns>(first, last, [&](auto cols, const int64_t* ns) {
+      tile<T, 1, decltype(cols)::value>(x, weight.k, weight, ns, first, out, out_stride);
+    });
+    return;
+  }
+  if (rows >= kWidenRows) {
+    // kWidened weight rows widened once, then every input row through dense_linear.cpp's float32 tiles, which do
+    // more per cycle than widening each chunk again for every 8 input rows
+    constexpr int64_t kWidened = 16;  // they stay in the cache for every input row
+    thread_local std::vector<float> widened;
+    widened.resize(kWidened * weight.k);
+    for (int64_t begin = first; begin < last; begin += kWidened) {
+      const int64_t end = std::min(last, begin + kWidened);
+      widen_rows<T>(weight, begin, end - begin, widened.data());
+      dense_rows_times_weight_rows(x, rows, widened.data(), end - begin, weight.k, out + begin - first, out_stride);
+    }
+    return;
+  }
+  for (int64_t n = first; n < last; ++n)
+    float_vec::even_tiles<8>(rows, [&](auto tile_rows, int64_t m) {
+      tile<T, decltype(tile_rows)::value, 1>(x + m * weight.k, weight.k, weight, &n, first, out + m * out_stride,
+                                             out_stride);
+    });
 }
 
 }  // namespace
