@@ -116,6 +116,8 @@ def random_q4_k_m(shape: str, out: Path) -> Path:
         "llama.attention.head_count": heads,
         "llama.attention.head_count_kv": kv_heads,
         "llama.rope.dimension_count": head_dim,
+        "llama.attention.key_length": head_dim,
+        "llama.attention.value_length": head_dim,
         "general.file_type": gguf_py.LlamaFileType.MOSTLY_Q4_K_M,
         "general.name": f"llama-{shape} (random Q4_K_M blocks)",
     }
