@@ -2,7 +2,7 @@
 whose layers are swapped back into the engine's block layouts (formats/gguf.convert, engine/gguf_swap.py: the only
 way before the file was read in place), and read in place in its own blocks (formats/gguf_weights.py,
 engine/gguf_linear.py). For one sequence and for 16 decoding together: the median decode step and output tokens/s
-(64-token prompts, 64 new tokens), the load's time and the process's peak RSS after it.
+(64-token prompts, 64 new tokens: decode_step.py's step_times), the load's time and the process's peak RSS after it.
 
     .venv/bin/python bench/gguf_paths.py FILE.gguf [--paths swap file]
 """
@@ -12,20 +12,18 @@ from __future__ import annotations
 import argparse
 import gc
 import resource
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-NEW_TOKENS = 64
-PROMPT_TOKENS = 64
+PROMPT_TOKENS = 64  # and decode_step.NEW_TOKENS new tokens
 
 
 def run(path: str, file: Path, batches: list[int]) -> dict:
+    from decode_step import step_times
+
     from tritonllm.engine.engine import EngineConfig, LLMEngine
-    from tritonllm.engine.sampling_params import SamplingParams
-    from tritonllm.engine.sequence import Sequence
     from tritonllm.formats import gguf
 
     folder = gguf.hf_model_dir(file, dequantize=path == "swap")
@@ -39,16 +37,11 @@ def run(path: str, file: Path, batches: list[int]) -> dict:
     for batch in batches:
         best = None
         for round_ in range(2):
-            for i in range(batch):
-                prompt = [(7 * i + 13 * j + 101 * round_) % (vocab - 1000) + 500 for j in range(PROMPT_TOKENS)]
-                engine.add(Sequence(prompt, SamplingParams(max_tokens=NEW_TOKENS)))
-            steps, start = [], time.perf_counter()
-            while engine.has_work():
-                began = time.perf_counter()
-                engine.step()
-                steps.append(time.perf_counter() - began)
-            wall = time.perf_counter() - start
-            figures = (statistics.median(steps[1:]) * 1e3, batch * NEW_TOKENS / wall)
+            prompts = [
+                [(7 * i + 13 * j + 101 * round_) % (vocab - 1000) + 500 for j in range(PROMPT_TOKENS)]
+                for i in range(batch)
+            ]
+            figures = step_times(engine, prompts)
             best = figures if best is None or figures[1] > best[1] else best
         result[f"{batch}"] = {"step_ms": round(best[0], 1), "tokens_per_s": round(best[1], 1)}
     return result
