@@ -106,14 +106,9 @@ def test_a_matrix_in_a_type_without_a_kernel_is_refused_at_load_naming_it(smollm
         LLMEngine(EngineConfig(str(gguf.hf_model_dir(smollm2_gguf)), num_kv_blocks=64))
 
 
-def test_an_architecture_the_build_does_not_read_is_dequantized_instead(tmp_path, monkeypatch):
-    written = tmp_path / "other.gguf"
-    writer = gguf_py.GGUFWriter(str(written), "gemma3")
-    writer.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+@pytest.fixture
+def folder_writes(tmp_path, monkeypatch) -> list:
+    """Which of hf_model_dir's two folders gets written, for which file: the writers recorded, not run."""
     calls = []
 
     def recorded(name):
@@ -127,5 +122,37 @@ def test_an_architecture_the_build_does_not_read_is_dequantized_instead(tmp_path
     monkeypatch.setenv(gguf.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setattr(gguf, "convert", recorded("convert"))
     monkeypatch.setattr(gguf, "describe", recorded("describe"))
+    return calls
+
+
+def test_an_architecture_the_build_does_not_read_is_dequantized_instead(tmp_path, folder_writes):
+    written = tmp_path / "other.gguf"
+    writer = gguf_py.GGUFWriter(str(written), "gemma3")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
     folder = gguf.hf_model_dir(written)
-    assert calls == [("convert", folder)] and not folder.name.endswith("-file")
+    assert folder_writes == [("convert", folder)] and not folder.name.endswith("-file")
+    assert "'gemma3' is not read in place" in gguf.how_served(written)
+
+
+@pytest.mark.parametrize("quantized_weights", ["true", "false"])
+def test_float32_weights_are_served_only_when_asked_for(smollm2_gguf, folder_writes, quantized_weights):
+    """quantized_weights false (a config.pbtxt parameter, or serve's --quantized-weights false) is the user asking
+    for the file dequantized; otherwise the file is read in place."""
+    import json
+
+    from conftest import PROJECT_ROOT
+
+    from tritonllm.backend.model_parameters import ModelParameters
+
+    parameters = {"model_dir": str(smollm2_gguf), "quantized_weights": quantized_weights}
+    config = {"parameters": {k: {"string_value": v} for k, v in parameters.items()}}
+    args = {"model_config": json.dumps(config), "model_repository": str(PROJECT_ROOT / "model_repository" / "llm")}
+    try:
+        ModelParameters(args).model_dir()
+    except FileNotFoundError:  # the recorded writer leaves no config.json
+        pass
+    assert folder_writes[0][0] == ("describe" if quantized_weights == "true" else "convert")

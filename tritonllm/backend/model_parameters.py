@@ -53,13 +53,16 @@ class ModelParameters:
 
     def model_dir(self) -> Path:
         """The `TRITONLLM_MODEL_DIR` environment variable, else the `model_dir` parameter: an HF directory, or a
-        GGUF file, which is dequantized into one on first use.
+        GGUF file: its config and tokenizer folder (formats/gguf.hf_model_dir), or with quantized_weights false its
+        dequantized folder.
 
         A relative `model_dir` is taken from the folder that holds the model repository, so the repository
         works wherever the project is checked out or mounted.
         """
         path = self.path(os.environ.get(MODEL_DIR_ENV) or self.get("model_dir", "models/SmolLM2-135M-Instruct"))
-        path = gguf.hf_model_dir(path)
+        # quantized_weights false: the user asks for float32 weights, through the file dequantized into a folder
+        dequantize = not self.bool("quantized_weights", True)
+        path = gguf.hf_model_dir(path, dequantize=dequantize)
         if not (path / "config.json").exists():
             raise FileNotFoundError(
                 f"no HF model or .gguf file at {path} (set {MODEL_DIR_ENV} or the model_dir parameter; "

@@ -60,7 +60,9 @@ class EngineConfig:
         "at most this times a decode-only step (0: no cap beyond max_num_batched_tokens)",
     )
     quantized_weights: bool = setting(
-        True, "a model served from a .gguf file keeps its Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q6_K weights quantized"
+        True,
+        "a model served from a .gguf file keeps its weights in the file's blocks; false: dequantized to float32 "
+        "(the file converted once into an HF folder)",
     )
     int8_activations: bool = setting(
         False,

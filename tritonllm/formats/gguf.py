@@ -57,6 +57,18 @@ def hf_model_dir(path: Path, progress: Callable[[str], None] | None = None, dequ
     return target
 
 
+def how_served(path: Path, dequantize: bool = False) -> str:
+    """A line for the user: how hf_model_dir serves the file."""
+    if not dequantize and architecture(path) in SERVED_FROM_FILE:
+        return "read in place, in its own blocks (its config and tokenizer read once into a cached folder)"
+    if dequantize:
+        return "dequantized once into a cached HF directory, served in float32 as asked (quantized_weights false)"
+    return (
+        f"dequantized once into a cached HF directory (its architecture {architecture(path)!r} is not read in "
+        "place); its Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q6_K weights go back into blocks"
+    )
+
+
 def source_file(model_dir: Path) -> Path | None:
     """The GGUF file an HF directory was dequantized from by `hf_model_dir`, if it still exists."""
     marker = model_dir / SOURCE_FILE

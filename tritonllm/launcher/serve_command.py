@@ -50,10 +50,12 @@ def serve(args: argparse.Namespace) -> int:
     except (Refused, ValueError) as e:
         _progress(str(e))
         return 2
+    # --quantized-weights false: the user asks for float32 weights, through the file dequantized into a folder
+    dequantize = overrides.get("quantized_weights") == "false"
     for llm in llms:
         if gguf.is_gguf(llm.path):
-            _progress(f"{llm.path.name}: dequantized once into a cached HF directory; quantized weights stay in blocks")
-    model_dirs = [gguf.hf_model_dir(llm.path, progress=_progress) for llm in llms]
+            _progress(f"{llm.path.name}: {gguf.how_served(llm.path, dequantize)}")
+    model_dirs = [gguf.hf_model_dir(llm.path, progress=_progress, dequantize=dequantize) for llm in llms]
     try:
         media = [media_kinds(folder) for folder in model_dirs]
     except UnsupportedModelError as e:  # a multimodal family without an encoder here
