@@ -156,3 +156,21 @@ def test_float32_weights_are_served_only_when_asked_for(smollm2_gguf, folder_wri
     except FileNotFoundError:  # the recorded writer leaves no config.json
         pass
     assert folder_writes[0][0] == ("describe" if quantized_weights == "true" else "convert")
+
+
+def test_the_load_checks_verdict_is_kept_for_the_same_file_code_and_settings(file_folder, tmp_path, monkeypatch):
+    """The probe is most of a real-size file's load; a start with the same file, folder, code, kernel build and
+    settings reads its verdict, any other runs it."""
+    from tritonllm.engine import model_check
+    from tritonllm.formats import model_cache
+
+    monkeypatch.setenv(model_cache.CACHE_ENV, str(tmp_path))
+    probes = []
+    check = model_check.check_against_eager
+    monkeypatch.setattr(model_check, "check_against_eager", lambda *a: probes.append(1) or check(*a))
+    first = LLMEngine(EngineConfig(str(file_folder), num_kv_blocks=64))
+    again = LLMEngine(EngineConfig(str(file_folder), num_kv_blocks=64))
+    assert len(probes) == 1 and again.runner.decoder_stack is not None
+    assert first.runner.decoder_stack is not None
+    LLMEngine(EngineConfig(str(file_folder), num_kv_blocks=64, kv_cache_dtype="bfloat16"))
+    assert len(probes) == 2  # another setting, another verdict

@@ -17,6 +17,7 @@ from tritonllm.engine import (
     gguf_swap,
     greedy_screen,
     llama_model,
+    load_verdict,
     lora,
     model_check,
     native_decode,
@@ -182,13 +183,29 @@ class ModelRunner:
             with quantized_linear.float_inputs(self.model):
                 if world == 1 and self.native_decode:
                     self._use_decoder_stack()
-                model_check.check_against_eager(self, reference.logits if reference else None)
+                self._check(model_dir, gguf_file, reference.logits if reference else None)
             if self.int8_activations and self.decoder_stack is not None:
                 self._use_decoder_stack()  # checked, now built again with the 8-bit inputs it serves with
         if world > 1:
             self._split(place or tensor_parallel.Place(0, world, 0), model_dir, dtype)
         gc.collect()  # the load's cycles hold the checkpoint's and the GGUF file's mappings (some 90 MB resident)
         release_free_memory()
+
+    def _check(self, model_dir: str | Path, gguf_file: Path | None, reference: torch.Tensor | None) -> None:
+        """The load check; for a model read in place from a GGUF file, its verdict kept between starts
+        (load_verdict.py)."""
+        kept = None
+        if self.model_reads_file:
+            settings = [self.dtype, self.kv_dtype_name, self.int8_activations, self.decoder_stack is not None]
+            kept = load_verdict.verdict_file(Path(model_dir), gguf_file, settings)
+        verdict = load_verdict.read(kept)
+        if verdict is not None:
+            if not verdict["native_stack"]:
+                self.decoder_stack = None
+            log.info("the load check's verdict on %s is kept from an earlier start (%s)", gguf_file.name, kept.name)
+            return
+        model_check.check_against_eager(self, reference)
+        load_verdict.keep(kept, self.decoder_stack is not None)
 
     def _use_decoder_stack(self) -> None:
         reason = native_decode.why_not(self.model)
