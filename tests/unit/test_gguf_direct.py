@@ -12,6 +12,7 @@ import transformers
 from oracles import greedy_ids
 
 from tritonllm.common.unsupported_model import UnsupportedModelError
+from tritonllm.engine import weight_memory
 from tritonllm.engine.config import EngineConfig
 from tritonllm.engine.engine import LLMEngine
 from tritonllm.engine.gguf_linear import GGUFEmbedding, GGUFLinear
@@ -53,7 +54,7 @@ def test_every_matrix_is_read_in_place_from_the_files_mapping(smollm2_gguf, file
     layer = model.model.layers[3]
     # v and the MLP's rows are the file's pages, where the file is mapped (q and k: copies of their blocks, in
     # transformers' row order)
-    file_pages = mappings_of(smollm2_gguf)
+    file_pages = weight_memory.file_mappings(smollm2_gguf)
     for linear in (layer.self_attn.v_proj.base, layer.mlp.down_proj.base):  # under their LoRA wrappers
         assert isinstance(linear, GGUFLinear) and linear.type_name == "Q4_1"
         assert any(start <= linear.raw.data_ptr() < end for start, end in file_pages)
@@ -61,17 +62,6 @@ def test_every_matrix_is_read_in_place_from_the_files_mapping(smollm2_gguf, file
     embedding, output = model.get_input_embeddings(), model.get_output_embeddings()
     assert isinstance(embedding, GGUFEmbedding) and output.raw.data_ptr() == embedding.raw.data_ptr()
     assert output.type_name == "Q8_0"
-
-
-def mappings_of(file) -> list[tuple[int, int]]:
-    """The address ranges where this process maps `file`."""
-    ranges = []
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            fields = line.split(maxsplit=5)
-            if len(fields) == 6 and fields[5].strip() == str(file.resolve()):
-                ranges.append(tuple(int(x, 16) for x in fields[0].split("-")))
-    return ranges
 
 
 def test_greedy_output_equals_generate_on_the_dequantized_file(smollm2_gguf, file_folder):

@@ -46,10 +46,6 @@ class GGUFLinear(torch.nn.Module):
         out = cpu_kernels.native().gguf_linear(flat, self.raw, self.ggml_type, bias, GEMM_ROWS)
         return out.view(*x.shape[:-1], self.out_features)
 
-    def dequantize(self) -> torch.Tensor:
-        """The weight as float32 [out, in], as gguf-py gives it (for tests and the load check's probe)."""
-        return cpu_kernels.native().gguf_dequantize(self.raw, self.ggml_type, self.in_features)
-
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, ggml_type={self.ggml_type}"
 

@@ -12,16 +12,20 @@ go, and resident memory holds each live weight once.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 
-def file_mappings() -> list[tuple[int, int]]:
-    """The address ranges of this process's file mappings (/proc/self/maps lines with a path)."""
+def file_mappings(path: Path | None = None) -> list[tuple[int, int]]:
+    """The address ranges of this process's file mappings (/proc/self/maps lines with a path), or of those of `path`
+    alone."""
+    wanted = None if path is None else str(Path(path).resolve())
     ranges = []
     with open("/proc/self/maps") as maps:
         for line in maps:
             fields = line.split(maxsplit=5)
-            if len(fields) == 6 and fields[5].startswith("/"):
+            if len(fields) == 6 and fields[5].startswith("/") and wanted in (None, fields[5].rstrip("\n")):
                 start, end = (int(x, 16) for x in fields[0].split("-"))
                 ranges.append((start, end))
     return ranges

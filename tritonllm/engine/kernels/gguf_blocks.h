@@ -7,8 +7,9 @@
 // of half h = s[h] * q[i] + m[h]. The scales and mins are the products gguf-py's dequantize forms (d * sub-scale,
 // dmin * sub-min, or a type's constant offset times d): each is exact in float32 (at most 17 significant bits), and
 // so is s * q (at most 24), so widening with one fused multiply-add gives gguf-py's float32 value to the bit. The
-// 4-bit types also name where each chunk's nibbles lie (`nibbles`), for kernels that look their 16 possible values
-// up in a table instead of converting each (kTable). F16, BF16 and F32 widen to their values directly.
+// 4-bit types whose 32-value chunks lie in 16 bytes (values 0..15 in their low nibbles, 16..31 in their high ones)
+// also name those bytes (`nibble_bytes`), for kernels that look their 16 possible values up in a table instead of
+// converting each (kTable). F16, BF16 and F32 widen to their values directly.
 #pragma once
 
 #include <immintrin.h>
@@ -43,14 +44,6 @@ constexpr int64_t kChunk = 32;
 // IQ4_NL's 16 values (ggml's kvalues_iq4nl).
 enum class Table { kNone, kAffine, kIQ4 };
 constexpr float kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-
-// Where a chunk's 32 4-bit indices lie: values 0..15 in the bytes at `low` (shifted right by low_shift), values
-// 16..31 in those at `high` (by high_shift).
-struct Nibbles {
-  const uint8_t* low;
-  const uint8_t* high;
-  int low_shift, high_shift;
-};
 
 inline float half_at(const uint8_t* p) {
   uint16_t h;
@@ -115,17 +108,6 @@ inline void uniform(float* s, float* m, float scale, float min) {
   m[0] = m[1] = min;
 }
 
-// The 6-bit scale and min j of a K-quant's 12 packed bytes (ggml's get_scale_min_k4).
-inline void scale_min_k4(const uint8_t* s, int j, int* scale, int* min) {
-  if (j < 4) {
-    *scale = s[j] & 63;
-    *min = s[j + 4] & 63;
-  } else {
-    *scale = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-    *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
 // Q4_K's and Q5_K's scales: d * scale and -(dmin * min) of each 32-value sub-block, for both its halves. The 12
 // bytes unpacked into 8 scales and 8 mins as llama.cpp's dot products unpack them (get_scale_min_k4 for all 8 at
 // once), each widened, multiplied and duplicated for the two halves 8 at a time.
@@ -170,7 +152,7 @@ struct Format<kQ4_0> {  // d, 16 bytes of nibbles; d * (q - 8)
   static constexpr Table kTable = Table::kAffine;
   static void scales(const uint8_t* b, float* s, float* m) { uniform(s, m, half_at(b), -8.f * half_at(b)); }
   static __m256i ints(const uint8_t* b, int) { return nibbles(b + 2); }
-  static Nibbles nibbles_of(const uint8_t* b, int) { return {b + 2, b + 2, 0, 4}; }
+  static const uint8_t* nibble_bytes(const uint8_t* b, int) { return b + 2; }
 };
 template <>
 struct Format<kQ4_1> {  // d, m, 16 bytes of nibbles
@@ -178,7 +160,7 @@ struct Format<kQ4_1> {  // d, m, 16 bytes of nibbles
   static constexpr Table kTable = Table::kAffine;
   static void scales(const uint8_t* b, float* s, float* m) { uniform(s, m, half_at(b), half_at(b + 2)); }
   static __m256i ints(const uint8_t* b, int) { return nibbles(b + 4); }
-  static Nibbles nibbles_of(const uint8_t* b, int) { return {b + 4, b + 4, 0, 4}; }
+  static const uint8_t* nibble_bytes(const uint8_t* b, int) { return b + 4; }
 };
 template <>
 struct Format<kIQ4_NL> {  // d, 16 bytes of nibbles indexing kvalues_iq4nl
@@ -186,7 +168,7 @@ struct Format<kIQ4_NL> {  // d, 16 bytes of nibbles indexing kvalues_iq4nl
   static constexpr Table kTable = Table::kIQ4;
   static void scales(const uint8_t* b, float* s, float* m) { uniform(s, m, half_at(b), 0.f); }
   static __m256i ints(const uint8_t* b, int) { return iq4_values(nibbles(b + 2)); }
-  static Nibbles nibbles_of(const uint8_t* b, int) { return {b + 2, b + 2, 0, 4}; }
+  static const uint8_t* nibble_bytes(const uint8_t* b, int) { return b + 2; }
 };
 template <>
 struct Format<kQ5_0> {  // d, 32 fifth bits, 16 bytes of nibbles; d * (q - 16)
@@ -241,10 +223,6 @@ struct Format<kQ4_K> {  // d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes
   static constexpr Table kTable = Table::kAffine;
   static void scales(const uint8_t* b, float* s, float* m) { k4_scales(b, s, m); }
   static __m256i ints(const uint8_t* b, int c) { return nibble_run(b + 16 + 32 * (c / 2), c % 2); }
-  static Nibbles nibbles_of(const uint8_t* b, int c) {
-    const uint8_t* run = b + 16 + 32 * (c / 2);
-    return {run, run + 16, 4 * (c % 2), 4 * (c % 2)};
-  }
 };
 template <>
 struct Format<kQ5_K> {  // d, dmin, 12 bytes of 6-bit scales and mins, 32 bytes of fifth bits, 128 bytes of nibbles
@@ -308,7 +286,7 @@ struct Format<kIQ4_XS> {  // d, 16 high scale bits, 4 bytes of low scale nibbles
     }
   }
   static __m256i ints(const uint8_t* b, int c) { return iq4_values(nibbles(b + 8 + 16 * c)); }
-  static Nibbles nibbles_of(const uint8_t* b, int c) { return {b + 8 + 16 * c, b + 8 + 16 * c, 0, 4}; }
+  static const uint8_t* nibble_bytes(const uint8_t* b, int c) { return b + 8 + 16 * c; }
 };
 // The float types, as blocks of 32 values: their chunks widen directly (gguf_linear.cpp's widen).
 template <>

@@ -65,11 +65,10 @@ inline __m512i nibble_indices(const uint8_t* p) {
 }
 template <Type T>
 inline void look_up(const uint8_t* block, int c, const float* s, const float* m, Vec w[kVecs]) {
-  const gguf_blocks::Nibbles n = Format<T>::nibbles_of(block, c);
   const __m512 table = table_of<T>(s[0], m[0]);
-  const __m512i low = nibble_indices(n.low), high = n.high == n.low ? low : nibble_indices(n.high);
-  w[0] = _mm512_permutexvar_ps(n.low_shift ? _mm512_srli_epi32(low, 4) : low, table);
-  w[1] = _mm512_permutexvar_ps(n.high_shift ? _mm512_srli_epi32(high, 4) : high, table);
+  const __m512i index = nibble_indices(Format<T>::nibble_bytes(block, c));
+  w[0] = _mm512_permutexvar_ps(index, table);
+  w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(index, 4), table);
 }
 // Q4_K's chunks 2j and 2j + 1 at once: the low and the high nibbles of the same 32 bytes, each byte widened once.
 inline void look_up_run(const uint8_t* block, int j, const float* s, const float* m, Vec w[4]) {
