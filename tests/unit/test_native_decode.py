@@ -32,7 +32,8 @@ def decoded_together(
 ) -> tuple[LLMEngine, list[list[int]]]:
     """The prompts' greedy outputs, decoded in one batch (a step of several rows through the stack); `settings`:
     more engine settings."""
-    engine = LLMEngine(EngineConfig(str(model_dir), num_kv_blocks=64, block_size=8, **settings))
+    settings = {"num_kv_blocks": 64, **settings}
+    engine = LLMEngine(EngineConfig(str(model_dir), block_size=8, **settings))
     seqs = [Sequence(p, SamplingParams(max_tokens=new_tokens)) for p in prompts]
     for seq in seqs:
         engine.add(seq)
@@ -54,6 +55,18 @@ def test_served_families_decode_through_the_stack_as_generate(families, family):
     engine, outputs = decoded_together(families[family], prompts, 24)
     assert engine.runner.decoder_stack is not None
     assert outputs == [greedy_ids(hf, p, 24) for p in prompts]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2_full"])
+def test_a_prompt_step_past_the_mlps_row_chunk_decodes_as_generate(families, family):
+    """Prompts taken in together as one step of more rows than the stack's MLP takes at once (kMlpRows, 512 in
+    decoder_layers.cpp): their rows go through the MLP in chunks, and greedy output is still generate()'s."""
+    hf = transformers.AutoModelForCausalLM.from_pretrained(families[family]).eval()
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(7, 4000, (length,), generator=g).tolist() for length in (300, 280, 250, 330)]
+    engine, outputs = decoded_together(families[family], prompts, 6, num_kv_blocks=256)
+    assert engine.runner.decoder_stack is not None
+    assert outputs == [greedy_ids(hf, p, 6) for p in prompts]
 
 
 def test_the_default_model_decodes_through_the_stack_as_generate():

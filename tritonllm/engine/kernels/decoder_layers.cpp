@@ -51,6 +51,7 @@ namespace {
 using Vec = at::vec::Vectorized<float>;
 
 constexpr int64_t kRowsPerTask = 16;  // rows of the element-wise work a thread takes at a time (a prefill's many)
+constexpr int64_t kMlpRows = 512;     // rows the MLP takes at once (DecoderStack::row_chunks)
 
 // One KV head's vector of `dim` values into an int8 cache: each value over its scale (the largest magnitude / 127),
 // rounded to nearest even, as paged_attention.quantize_heads does in PyTorch.
@@ -150,6 +151,18 @@ torch::Tensor project(const std::vector<Projection>& parts, const torch::Tensor&
   std::vector<torch::Tensor> outs;
   for (const Projection& part : parts) outs.push_back(part(x, gemm));
   return torch::cat(outs, 1);
+}
+
+// out = SiLU(gate) * up of x's rows: [gate | up] from one fused projection, or gate and up each from its own,
+// multiplied where they lie (no copy of the two side by side).
+void gated(const std::vector<Projection>& parts, const torch::Tensor& x, torch::Tensor& out, const GemmRows& gemm) {
+  if (parts.size() == 1) return silu_and_mul(parts[0](x, gemm), out);
+  const torch::Tensor gate = parts[0](x, gemm), up = parts[1](x, gemm);
+  const int64_t n = out.size(1);
+  at::parallel_for(0, out.size(0), kRowsPerTask, [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r)
+      silu_times(gate.data_ptr<float>() + r * n, up.data_ptr<float>() + r * n, n, out.data_ptr<float>() + r * n);
+  });
 }
 
 // A projection as the phases read it: float32 rows or GGUF blocks, checked when built (outside the parallel region,
@@ -269,7 +282,8 @@ struct DecoderLayers {
     const int64_t intermediate = down[0].in_features();
     torch::Tensor x = hidden.contiguous().clone();  // the residual stream
     torch::Tensor normed = torch::empty_like(x);
-    torch::Tensor activated = torch::empty({batch, intermediate}, x.options());
+    const auto mlp_chunks = row_chunks(batch);
+    torch::Tensor activated = torch::empty({mlp_chunks[0].second, intermediate}, x.options());
     const int64_t* slot = slots.data_ptr<int64_t>();
     for (size_t l = 0; l < qkv.size(); ++l) {
       rms_norm(x, input_norm[l], static_cast<float>(eps), normed);
@@ -291,10 +305,28 @@ struct DecoderLayers {
                                  k_scales[l], v_scales[l]);
       x.add_(o[l](attended.view({batch, q_size}), gemm));
       rms_norm(x, post_norm[l], static_cast<float>(eps), normed);
-      silu_and_mul(project(gate_up[l], normed, gemm), activated);
-      x.add_(down[l](activated, gemm));
+      for (const auto& [first, count] : mlp_chunks) {
+        torch::Tensor part = activated.narrow(0, 0, count);
+        gated(gate_up[l], normed.narrow(0, first, count), part, gemm);
+        x.narrow(0, first, count).add_(down[l](part, gemm));
+      }
     }
     return x;
+  }
+
+  // A step's rows in near-equal chunks of at most kMlpRows for the MLP, whose activations (gate, up and their
+  // product: three times the rows x the intermediate width) would otherwise be the largest buffers of a long
+  // prompt's step, kept afterwards by the allocator. Every chunk past one has more than half of kMlpRows rows, so
+  // it takes the prompt GEMM as the whole step would.
+  static std::vector<std::pair<int64_t, int64_t>> row_chunks(int64_t rows) {
+    const int64_t chunks = std::max<int64_t>(1, (rows + kMlpRows - 1) / kMlpRows);
+    std::vector<std::pair<int64_t, int64_t>> out;
+    for (int64_t c = 0, first = 0; c < chunks; ++c) {
+      const int64_t count = rows / chunks + (c < rows % chunks ? 1 : 0);
+      out.emplace_back(first, count);
+      first += count;
+    }
+    return out;
   }
 
   // One token's keys and values (kv_heads * dim each, rotated keys) into layer l's cache at `slot`, each value
