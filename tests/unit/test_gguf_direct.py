@@ -4,6 +4,8 @@ transformers' generate() on the file dequantized."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import gguf as gguf_py
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from tritonllm.engine import weight_memory
 from tritonllm.engine.config import EngineConfig
 from tritonllm.engine.engine import LLMEngine
 from tritonllm.engine.gguf_linear import GGUFEmbedding, GGUFLinear
+from tritonllm.engine.gguf_model import ScaledGGUFEmbedding
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import Sequence
 from tritonllm.formats import gguf, gguf_weights
@@ -64,19 +67,45 @@ def test_every_matrix_is_read_in_place_from_the_files_mapping(smollm2_gguf, file
     assert output.type_name == "Q8_0"
 
 
-def test_greedy_output_equals_generate_on_the_dequantized_file(smollm2_gguf, file_folder):
-    engine = LLMEngine(EngineConfig(str(file_folder), num_kv_blocks=64))
-    tokenizer = transformers.AutoTokenizer.from_pretrained(file_folder)
+def test_a_gemma3_file_is_read_in_place_through_transformers_modules(gemma3_gguf):
+    """An architecture the Llama-family build does not take (engine/gguf_model.py): transformers' Gemma 3 modules,
+    built without weights, with every matrix the file's rows in their own types and the norms copied."""
+    folder = gguf.hf_model_dir(gemma3_gguf)
+    assert folder.name.endswith("-file") and not list(folder.glob("*.safetensors"))
+    engine = LLMEngine(EngineConfig(str(folder), num_kv_blocks=64))
+    runner, model = engine.runner, engine.runner.model
+    assert runner.model_reads_file and runner.transformers
+    assert not [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert runner.quantized_layers == 7 * 18 + 1  # q, k, v, o, gate, up, down in 18 layers, and the output layer
+    assert max(p.dim() for p in model.parameters()) == 1  # norms alone: no float32 matrix
+    # each in the file's type (the output layer: the embedding's Q8_0 rows), where the file is mapped
+    linears = [getattr(m, "base", m) for m in model.modules() if isinstance(getattr(m, "base", m), GGUFLinear)]
+    matrices = [t.type_name for t in gguf.read_tensors(gemma3_gguf)[1] if t.data.ndim == 2]
+    assert Counter(linear.type_name for linear in set(linears)) == Counter(matrices)
+    assert {"Q5_0", "Q4_K", "Q6_K", "Q8_0"} <= set(matrices)
+    file_pages = weight_memory.file_mappings(gemma3_gguf)
+    assert all(any(start <= m.raw.data_ptr() < end for start, end in file_pages) for m in linears)
+    embedding, output = model.get_input_embeddings(), model.get_output_embeddings()
+    assert isinstance(embedding, ScaledGGUFEmbedding) and embedding.scale.item() == pytest.approx(640**0.5)
+    assert output.raw.data_ptr() == embedding.raw.data_ptr() and output.type_name == "Q8_0"  # tied
+
+
+@pytest.mark.parametrize("file", ["smollm2_gguf", "gemma3_gguf"])
+def test_greedy_output_equals_generate_on_the_dequantized_file(file, request):
+    """SmolLM2's Q4_1 file through the engine's Llama-family build, Gemma 3's Q4_K_M through transformers' modules;
+    the oracle: transformers' own GGUF load, dequantized to float32."""
+    path = request.getfixturevalue(file)
+    folder = gguf.hf_model_dir(path)
+    engine = LLMEngine(EngineConfig(str(folder), num_kv_blocks=64))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     prompts = [tokenizer(text).input_ids for text in PROMPTS]
     seqs = [Sequence(p, SamplingParams(max_tokens=16)) for p in prompts]
     for seq in seqs:
         engine.add(seq)
     while engine.has_work():
         engine.step()
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        smollm2_gguf.parent, gguf_file=smollm2_gguf.name, dtype=torch.float32
-    ).eval()
-    assert [s.output_ids for s in seqs] == [greedy_ids(hf, p, 16) for p in prompts]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    assert [s.output_ids for s in seqs] == [greedy_ids(hf.eval(), p, 16) for p in prompts]
 
 
 def test_q_and_k_rows_are_put_back_in_transformers_order():
@@ -89,9 +118,9 @@ def test_q_and_k_rows_are_put_back_in_transformers_order():
 
 
 def test_a_matrix_in_a_type_without_a_kernel_is_refused_at_load_naming_it(smollm2_gguf, tmp_path, monkeypatch):
-    from tritonllm.engine import llama_model
+    from tritonllm.engine import gguf_linear
 
-    monkeypatch.setattr(llama_model, "kernel_types", lambda: frozenset({gguf_py.GGMLQuantizationType.Q8_0.value}))
+    monkeypatch.setattr(gguf_linear, "kernel_types", lambda: frozenset({gguf_py.GGMLQuantizationType.Q8_0.value}))
     with pytest.raises(UnsupportedModelError, match=r"no kernel here reads GGUF type\(s\) \['Q4_1'\]"):
         LLMEngine(EngineConfig(str(gguf.hf_model_dir(smollm2_gguf)), num_kv_blocks=64))
 
@@ -117,7 +146,7 @@ def folder_writes(tmp_path, monkeypatch) -> list:
 
 def test_an_architecture_the_build_does_not_read_is_dequantized_instead(tmp_path, folder_writes):
     written = tmp_path / "other.gguf"
-    writer = gguf_py.GGUFWriter(str(written), "gemma3")
+    writer = gguf_py.GGUFWriter(str(written), "gpt2")
     writer.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -125,7 +154,7 @@ def test_an_architecture_the_build_does_not_read_is_dequantized_instead(tmp_path
     writer.close()
     folder = gguf.hf_model_dir(written)
     assert folder_writes == [("convert", folder)] and not folder.name.endswith("-file")
-    assert "'gemma3' is not read in place" in gguf.how_served(written)
+    assert "'gpt2' is not read in place" in gguf.how_served(written)
 
 
 @pytest.mark.parametrize("quantized_weights", ["true", "false"])

@@ -9,8 +9,12 @@ file into anonymous memory, and these are meant to stay in the file's pages.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from pathlib import Path
+
 import torch
 
+from tritonllm.common.unsupported_model import UnsupportedModelError
 from tritonllm.engine import cpu_kernels
 from tritonllm.engine.quantized_linear import GEMM_ROWS
 
@@ -23,6 +27,16 @@ def kernel_types() -> frozenset[int]:
     if native is None:
         return frozenset()
     return frozenset(t for t in range(64) if native.gguf_block_values(t) > 0)
+
+
+def check_kernels(tensors: Iterable, gguf_file: Path) -> None:
+    """Refuses a file with a matrix (a FileTensor of two dimensions) in a type no kernel here reads: it would have
+    to be widened to float32."""
+    served = kernel_types()
+    missing = sorted({t.type_name for t in tensors if len(t.shape) == 2 and t.type not in served})
+    if missing:
+        why = "the native kernels are not built" if not served else f"no kernel here reads GGUF type(s) {missing}"
+        raise UnsupportedModelError(f"{gguf_file.name} cannot be served from its blocks: {why}")
 
 
 class GGUFLinear(torch.nn.Module):

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from tritonllm.common.unsupported_model import UnsupportedModelError
-from tritonllm.engine.gguf_linear import GGUFEmbedding, GGUFLinear, kernel_types
+from tritonllm.engine.gguf_linear import GGUFEmbedding, GGUFLinear, check_kernels
 from tritonllm.engine.paged_attention import PagedBatch, paged_attention
 from tritonllm.formats import gguf, gguf_weights
 from tritonllm.formats.gguf_weights import FileTensor
@@ -210,7 +210,7 @@ class LlamaModel(torch.nn.Module):
                 weights = gguf_weights.read(gguf_file, config)
             except ValueError as e:
                 raise UnsupportedModelError(str(e)) from e
-            _check_kernels(weights, gguf_file)
+            check_kernels(weights.values(), gguf_file)
         model = cls(config, weights, rotary)
         model.name_or_path = str(model_dir)
         return model.eval()
@@ -289,12 +289,3 @@ def _embedding(weight: Weight) -> torch.nn.Module:
 
 def _values(weight: Weight) -> torch.Tensor:
     return weight.values() if isinstance(weight, FileTensor) else weight
-
-
-def _check_kernels(weights: dict[str, FileTensor], gguf_file: Path) -> None:
-    """Refuses a file with a matrix in a type no kernel here reads: it would have to be widened to float32."""
-    served = kernel_types()
-    missing = sorted({w.type_name for w in weights.values() if len(w.shape) == 2 and w.type not in served})
-    if missing:
-        why = "the native kernels are not built" if not served else f"no kernel here reads GGUF type(s) {missing}"
-        raise UnsupportedModelError(f"{gguf_file.name} cannot be served from its blocks: {why}")

@@ -14,6 +14,7 @@ from tritonllm.common.unsupported_model import UnsupportedModelError
 from tritonllm.engine import (
     cpu_kernels,
     fused_projections,
+    gguf_model,
     gguf_swap,
     greedy_screen,
     llama_model,
@@ -41,17 +42,22 @@ from tritonllm.engine.paged_attention import (
 )
 from tritonllm.engine.scheduler import ScheduledChunk
 from tritonllm.engine.step_packing import Step
+from tritonllm.formats import gguf
 
 log = logging.getLogger(__name__)
 
 
 def _transformers_model(model_dir: str | Path, dtype: torch.dtype) -> torch.nn.Module:
-    """The model as transformers builds it, its attention swapped for the paged one."""
+    """The model as transformers builds it, its attention swapped for the paged one; a folder of a GGUF file's
+    config alone gets the file's layers (gguf_model.py)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     model_check.check_config(AutoConfig.from_pretrained(model_dir))
     paged_attention.register()
+    from_file = llama_model.serves_from_gguf(Path(model_dir))
     try:
+        if from_file is not None:
+            return gguf_model.build(Path(model_dir), from_file, ATTN_IMPLEMENTATION)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
     except (ValueError, KeyError) as e:  # an architecture whose attention cannot be swapped for another
         if ATTN_IMPLEMENTATION not in str(e) and "attention" not in str(e):
@@ -98,13 +104,13 @@ class ModelRunner:
             without_transformers = "tensor parallel, and devices other than the CPU in float32, need it"
         from_file = llama_model.serves_from_gguf(Path(model_dir))
         if from_file is not None:
-            # the weights are the file's blocks, which only the engine's own build reads (no transformers copy)
-            if without_transformers is not None:
-                raise UnsupportedModelError(
-                    f"{from_file.name} is served from its blocks by the engine's Llama-family build alone, which "
-                    f"cannot take it here: {without_transformers}"
-                )
-            self._load(model_dir, config, from_file, int8_activations, enable_lora)
+            # the weights are the file's blocks, read by the engine's Llama-family build or, for the architectures
+            # it does not take, by transformers' modules with the file's layers in them (gguf_model.py)
+            llama_family = gguf.architecture(from_file) in gguf.LLAMA_FAMILY
+            if not self.native_decode or world > 1 or (llama_family and without_transformers is not None):
+                why = without_transformers if llama_family else "its blocks are read on CPU in float32, one process"
+                raise UnsupportedModelError(f"{from_file.name} is served from its blocks, which cannot be here: {why}")
+            self._load(model_dir, config if llama_family else None, from_file, int8_activations, enable_lora)
             return
         if without_transformers is None:
             try:
@@ -148,7 +154,7 @@ class ModelRunner:
             rotary = llama_model.RotaryEmbedding(reference.inv_freq, reference.attention_scaling, self.mrope_section)
             self.model = llama_model.LlamaModel.load(Path(model_dir), config, rotary)
         # the model's layers read a GGUF file's blocks in place (llama_model.py, gguf_linear.py)
-        self.model_reads_file = not self.transformers and llama_model.serves_from_gguf(Path(model_dir)) is not None
+        self.model_reads_file = llama_model.serves_from_gguf(Path(model_dir)) is not None
         self.quantized_layers = 0
         self.lora = None
         self.decoder_stack: native_decode.NativeDecode | None = None

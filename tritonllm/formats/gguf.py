@@ -24,9 +24,18 @@ from pathlib import Path
 import numpy as np
 
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "gguf"
-# the file's architectures the engine serves from the file itself, in its blocks (formats/gguf_weights.py), and
-# transformers' architecture each is served as; any other is dequantized into an HF directory
-SERVED_FROM_FILE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+# the file's architectures the engine serves from the file itself, in its blocks, and transformers' architecture
+# each is served as: the Llama family by the engine's own build (engine/llama_model.py), the others through
+# transformers' modules with the file's layers in them (engine/gguf_model.py); any other is dequantized into an HF
+# directory
+LLAMA_FAMILY = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+THROUGH_TRANSFORMERS = {
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+}
+SERVED_FROM_FILE = {**LLAMA_FAMILY, **THROUGH_TRANSFORMERS}
 CACHE_ENV = "TRITONLLM_GGUF_CACHE"
 SOURCE_FILE = "gguf_source.txt"
 
@@ -87,6 +96,9 @@ def describe(gguf_file: Path, out_dir: Path, progress: Callable[[str], None] | N
     where, name = str(gguf_file.parent), gguf_file.name
     config = AutoConfig.from_pretrained(where, gguf_file=name)
     config.architectures = [SERVED_FROM_FILE[architecture(gguf_file)]]
+    # transformers reads no head width from some architectures' files (Qwen3's default of 128 stands)
+    if (width := head_dim(gguf_file)) is not None and getattr(config, "head_dim", width) != width:
+        config.head_dim = width
     config.name_or_path = gguf_file.stem
     tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
     partial = out_dir.with_name(out_dir.name + ".partial")
@@ -162,15 +174,27 @@ class GGUFTensor:
 # float32 bool, then uint64 int64 float64 at 10-12; 8 is a string, 9 an array)
 _FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _STRING = 8
+_UINT32 = 4
 _PLAIN = {"F32": np.float32, "F16": np.float16}  # formats whose rows are values, as gguf-py's reader gives them
 
 
+def head_dim(path: Path) -> int | None:
+    """The file's attention.key_length: each head's width, where it is given."""
+    return _read(path)[1].get(f"{architecture(path)}.attention.key_length")
+
+
 def read_tensors(path: Path, mode: str = "r") -> tuple[str, list[GGUFTensor]]:
-    """The file's architecture and its tensors, mapped (`mode`: numpy.memmap's; "c", copy-on-write, gives arrays
-    that torch takes as writable without copying them, though nothing writes them). gguf-py's GGUFReader also
-    decodes every metadata value into numpy views one element at a time, which takes seconds on a model with a
-    large vocabulary (12 s for Qwen2.5's 151,665 tokens and merges on a 2-core machine); the tensors need only the
-    keys' positions."""
+    """The file's architecture and its tensors, mapped (`_read`)."""
+    architecture, _, tensors = _read(path, mode)
+    return architecture, tensors
+
+
+def _read(path: Path, mode: str = "r") -> tuple[str, dict, list[GGUFTensor]]:
+    """The file's architecture, the metadata values the engine reads, and its tensors, mapped (`mode`: memmap's; "c",
+    copy-on-write, gives arrays that torch takes as writable without copying them, though nothing writes them).
+    gguf-py's GGUFReader also decodes every metadata value into numpy views one element at a time, which takes
+    seconds on a model with a large vocabulary (12 s for Qwen2.5's 151,665 tokens and merges on a 2-core machine);
+    the tensors need only the keys' positions."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     data = np.memmap(path, dtype=np.uint8, mode=mode)
@@ -206,7 +230,7 @@ def read_tensors(path: Path, mode: str = "r") -> tuple[str, list[GGUFTensor]]:
         at += 4
         if key == "general.architecture":
             metadata[key], at = string(at)
-        elif key == "general.alignment":
+        elif key == "general.alignment" or (key.endswith(".attention.key_length") and kind == _UINT32):
             (metadata[key],) = struct.unpack_from("<I", raw, at)
             at += 4
         else:
@@ -231,4 +255,4 @@ def read_tensors(path: Path, mode: str = "r") -> tuple[str, list[GGUFTensor]]:
             view = view.view(_PLAIN[kind.name])
         outer = tuple(reversed(shape[1:]))  # as gguf-py shapes them: the innermost dimension last
         tensors.append(GGUFTensor(name, kind.name, view.reshape(*outer, -1)))
-    return metadata["general.architecture"], tensors
+    return metadata["general.architecture"], metadata, tensors

@@ -1,5 +1,6 @@
-"""A GGUF file's tensors under transformers' names, as they lie in the file: the engine's Llama-family build
-(engine/llama_model.py) serves them from the mapping, in the file's own block types, with no float32 copy.
+"""A GGUF file's tensors as they lie in the file, under its own names (`in_file`: engine/gguf_model.py places them
+in transformers' modules) or under transformers' names for the engine's Llama-family build (`read`:
+engine/llama_model.py); either serves them from the mapping, in the file's own block types, with no float32 copy.
 
 llama.cpp's converter stores Llama's q and k projections with their rows permuted (its rotary embedding pairs
 neighbouring values, transformers' pairs the two halves of a head); those rows are put back in transformers' order,
@@ -18,7 +19,7 @@ import torch
 
 from tritonllm.formats import gguf
 
-ARCHITECTURES = gguf.SERVED_FROM_FILE
+ARCHITECTURES = gguf.LLAMA_FAMILY
 # architectures whose converter permutes the q and k rows (convert_hf_to_gguf.py's LlamaModel.permute)
 PERMUTED_QK = frozenset({"llama"})
 
@@ -69,27 +70,37 @@ def hf_name(name: str) -> str | None:
     return f"model.layers.{match[1]}.{_LAYER[match[2]]}.{match[3]}"
 
 
-def read(gguf_file: Path, config) -> dict[str, FileTensor]:
-    """The file's tensors under transformers' names. Raises ValueError naming a tensor the build does not know,
-    or an architecture it does not serve."""
-    architecture, tensors = gguf.read_tensors(gguf_file, mode="c")
-    if architecture not in ARCHITECTURES:
-        raise ValueError(f"GGUF architecture {architecture!r} is not one of {sorted(ARCHITECTURES)}")
+def in_file(gguf_file: Path) -> tuple[str, dict[str, FileTensor]]:
+    """The file's architecture and its tensors under the file's own names, as the file holds them (mapped)."""
     from gguf import GGMLQuantizationType
 
+    architecture, tensors = gguf.read_tensors(gguf_file, mode="c")
     out = {}
     for tensor in tensors:
-        name = hf_name(tensor.name)
-        if name is None:
-            raise ValueError(f"{gguf_file.name}: tensor {tensor.name!r} has no place in a {architecture} model")
         data = tensor.data
         rows = data.reshape(-1, data.shape[-1]).view(np.uint8)
         shape = tuple(data.shape[:-1]) + (gguf.values_of(tensor) // rows.shape[0],)
-        raw = torch.from_numpy(rows)
+        kind = GGMLQuantizationType[tensor.type_name].value
+        out[tensor.name] = FileTensor(torch.from_numpy(rows), tensor.type_name, kind, shape)
+    return architecture, out
+
+
+def read(gguf_file: Path, config) -> dict[str, FileTensor]:
+    """The file's tensors under transformers' names. Raises ValueError naming a tensor the build does not know,
+    or an architecture it does not serve."""
+    architecture, tensors = in_file(gguf_file)
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"GGUF architecture {architecture!r} is not one of {sorted(ARCHITECTURES)}")
+    out = {}
+    for file_name, tensor in tensors.items():
+        name = hf_name(file_name)
+        if name is None:
+            raise ValueError(f"{gguf_file.name}: tensor {file_name!r} has no place in a {architecture} model")
         if architecture in PERMUTED_QK and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = config.num_attention_heads if "q_proj" in name else config.num_key_value_heads
-            raw = raw[torch.from_numpy(unpermuted_rows(raw.shape[0], heads))].contiguous()
-        out[name] = FileTensor(raw, tensor.type_name, GGMLQuantizationType[tensor.type_name].value, shape)
+            raw = tensor.raw[torch.from_numpy(unpermuted_rows(tensor.raw.shape[0], heads))].contiguous()
+            tensor = FileTensor(raw, tensor.type_name, tensor.type, tensor.shape)
+        out[name] = tensor
     return out
 
 
