@@ -88,7 +88,7 @@ def test_a_files_greedy_output_through_transformers_modules_equals_generate(fami
         engine.step()
     # the oracle reads the served folder's config: transformers' own GGUF config leaves Qwen3's head width at 128
     hf_config = transformers.AutoConfig.from_pretrained(served)
-    assert getattr(hf_config, "head_dim", 32) == settings.get("head_dim", SIZES["hidden_size"] // SIZES["num_attention_heads"])
+    assert getattr(hf_config, "head_dim", 32) == settings.get("head_dim", 32)  # 32: hidden / heads
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         file.parent, gguf_file=file.name, config=hf_config, dtype=torch.float32
     )
