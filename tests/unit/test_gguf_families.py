@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from architectures import TINY_SIZES
 from oracles import greedy_ids
 
 from tritonllm.engine.engine import EngineConfig, LLMEngine
@@ -26,19 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 pytestmark = pytest.mark.slow
 
 VOCAB = 1000
-SIZES = dict(
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-    initializer_range=0.25,
-    vocab_size=VOCAB,
-    bos_token_id=2,
-    eos_token_id=1,
-    pad_token_id=0,
-)
+SIZES = {**TINY_SIZES, "vocab_size": VOCAB, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0}
 FAMILIES = {  # head widths other than hidden / heads, and windows the 40-token prompt crosses
     "qwen3": ("Qwen3Config", {"head_dim": 48}),
     "phi3": ("Phi3Config", {}),
@@ -88,7 +77,7 @@ def test_a_files_greedy_output_through_transformers_modules_equals_generate(fami
         engine.step()
     # the oracle reads the served folder's config: transformers' own GGUF config leaves Qwen3's head width at 128
     hf_config = transformers.AutoConfig.from_pretrained(served)
-    assert getattr(hf_config, "head_dim", 32) == settings.get("head_dim", 32)  # 32: hidden / heads
+    assert getattr(hf_config, "head_dim", 16) == settings.get("head_dim", 16)  # 16: hidden / heads
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         file.parent, gguf_file=file.name, config=hf_config, dtype=torch.float32
     )

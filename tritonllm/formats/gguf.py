@@ -1,11 +1,12 @@
-"""GGUF files, as llama.cpp users have them, served like any HF directory: dequantized once into one.
+"""GGUF files, as llama.cpp users have them. The architectures of SERVED_FROM_FILE are read in place: `describe`
+writes a folder of the file's config, tokenizer and generation config alone, and the engine reads the weights from
+the file in their own blocks (engine/llama_model.py, engine/gguf_model.py). Any other is served like an HF
+directory, dequantized once into one: transformers reads GGUF (`from_pretrained(dir, gguf_file=...)`, with the
+`gguf` package) and dequantizes the weights to float32; the result is saved as a plain HF directory (safetensors,
+tokenizer, chat template), whose quantized layers the engine puts back into blocks (engine/gguf_swap.py).
 
-transformers reads GGUF (`from_pretrained(dir, gguf_file=...)`, with the `gguf` package) and dequantizes the
-weights to float32; the result is saved as a plain HF directory (safetensors, tokenizer, chat template) that
-loads without gguf. A `.gguf` path given to `serve` or as the model directory is converted on first use into a
-cache keyed by the file's path, size and time, under a lock, so that the server's models, loading at once,
-convert it only once. The copy names its GGUF file (`SOURCE_FILE`), so that the engine can keep the file's
-quantized weights quantized (engine/quantized_linear.py).
+Either folder is written on first use into a cache keyed by the file's path, size and time, under a lock, so that
+the server's models, loading at once, write it only once, and names its GGUF file (`SOURCE_FILE`).
 """
 
 from __future__ import annotations
