@@ -18,6 +18,7 @@ import torch
 
 from tritonllm.common.unsupported_model import UnsupportedModelError
 from tritonllm.engine.gguf_linear import GGUFEmbedding, GGUFLinear, check_kernels
+from tritonllm.engine.gguf_swap import replace_module
 from tritonllm.formats import gguf, gguf_weights
 from tritonllm.formats.gguf_weights import FileTensor
 
@@ -58,9 +59,9 @@ def build(model_dir: Path, gguf_file: Path, attn_implementation: str) -> torch.n
         if isinstance(module, torch.nn.Linear) and kind == "weight":
             bias = by_name.get(f"{module_name}.bias")
             bias_values = None if bias is None else _values(processor, *bias)
-            _replace(model, module_name, GGUFLinear(tensor.raw, tensor.type, tensor.shape[1], bias_values))
+            replace_module(model, module_name, GGUFLinear(tensor.raw, tensor.type, tensor.shape[1], bias_values))
         elif isinstance(module, torch.nn.Embedding) and kind == "weight":
-            _replace(model, module_name, _embedding(module, tensor))
+            replace_module(model, module_name, _embedding(module, tensor))
         elif not (isinstance(module, torch.nn.Linear) and kind == "bias"):
             module._parameters[kind] = torch.nn.Parameter(_values(processor, file_name, tensor), requires_grad=False)
     _tie_output_layer(model, config)
@@ -91,16 +92,11 @@ def _tie_output_layer(model: torch.nn.Module, config) -> None:
     if isinstance(head, torch.nn.Linear) and head.weight.is_meta and config.get_text_config().tie_word_embeddings:
         embedding = model.get_input_embeddings()
         head_name = next(name for name, m in model.named_modules() if m is head)
-        _replace(model, head_name, GGUFLinear(embedding.raw, embedding.ggml_type, embedding.embedding_dim, None))
+        replace_module(model, head_name, GGUFLinear(embedding.raw, embedding.ggml_type, embedding.embedding_dim, None))
 
 
 def _compute_buffers(model: torch.nn.Module) -> None:
     """The rotary embeddings' tables, which the meta device left without values: built again from the config."""
     for name, module in list(model.named_modules()):
         if any(b.is_meta for b in module.buffers(recurse=False)) and type(module).__name__.endswith("RotaryEmbedding"):
-            _replace(model, name, type(module)(config=module.config))
-
-
-def _replace(model: torch.nn.Module, name: str, module: torch.nn.Module) -> None:
-    parent, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, child, module)
+            replace_module(model, name, type(module)(config=module.config))

@@ -76,10 +76,10 @@ def quantize_from_gguf(
             if checked and not kernel_matches(layer, weight, linears[key][0].bias):
                 refused.append(name)
                 continue
-            _replace(model, name, layer)
+            replace_module(model, name, layer)
             swapped += 1
         if embeds:  # the same blocks, shared with a tied output layer
-            _replace(model, embedding_name, QuantizedEmbedding(blocks))
+            replace_module(model, embedding_name, QuantizedEmbedding(blocks))
     if verdict is None and verdict_file:
         model_cache.write(verdict_file, json.dumps({"refused": refused}))
     if other_formats:
@@ -109,7 +109,7 @@ def recut_for_int8_activations(model: torch.nn.Module) -> int:
         blocks = from_gguf(module.type_name, module.raw.numpy())
         if blocks is None or blocks.scales.shape[1] * BLOCK != module.in_features:
             continue
-        _replace(model, name, QuantizedLinear(blocks, module.bias, int8_activations=True))
+        replace_module(model, name, QuantizedLinear(blocks, module.bias, int8_activations=True))
         recut += 1
     return recut
 
@@ -142,6 +142,7 @@ def _verdict_file(model: torch.nn.Module, gguf_file: Path, int8_activations: boo
     return model_cache.cache_dir() / f"{key}.gguf_blocks_checked.json"
 
 
-def _replace(model: torch.nn.Module, name: str, module: torch.nn.Module) -> None:
+def replace_module(model: torch.nn.Module, name: str, module: torch.nn.Module) -> None:
+    """`module` in the place of model's submodule `name`."""
     parent, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, child, module)
