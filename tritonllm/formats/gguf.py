@@ -181,7 +181,8 @@ _PLAIN = {"F32": np.float32, "F16": np.float16}  # formats whose rows are values
 
 def head_dim(path: Path) -> int | None:
     """The file's attention.key_length: each head's width, where it is given."""
-    return _read(path)[1].get(f"{architecture(path)}.attention.key_length")
+    name, metadata, _ = _read(path)
+    return metadata.get(f"{name}.attention.key_length")
 
 
 def read_tensors(path: Path, mode: str = "r") -> tuple[str, list[GGUFTensor]]:

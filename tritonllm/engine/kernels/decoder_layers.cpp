@@ -99,14 +99,12 @@ void silu_times(const float* gate, const float* up, int64_t n, float* out) {
   at::vec::map2([](Vec g, Vec u) { return g / (Vec(1.f) + g.neg().exp()) * u; }, out, gate, up, n);
 }
 
-// out[r] = silu(gate_up[r, :n]) * gate_up[r, n:].
-void silu_and_mul(const torch::Tensor& gate_up, torch::Tensor& out) {
+// out[r] = silu(gate[r * stride : + n]) * up[r * stride : + n], n = out's width.
+void silu_and_mul(const float* gate, const float* up, int64_t stride, torch::Tensor& out) {
   const int64_t n = out.size(1);
   at::parallel_for(0, out.size(0), kRowsPerTask, [&](int64_t first, int64_t last) {
-    for (int64_t r = first; r < last; ++r) {
-      const float* gate = gate_up.data_ptr<float>() + r * 2 * n;
-      silu_times(gate, gate + n, n, out.data_ptr<float>() + r * n);
-    }
+    for (int64_t r = first; r < last; ++r)
+      silu_times(gate + r * stride, up + r * stride, n, out.data_ptr<float>() + r * n);
   });
 }
 
@@ -156,13 +154,13 @@ torch::Tensor project(const std::vector<Projection>& parts, const torch::Tensor&
 // out = SiLU(gate) * up of x's rows: [gate | up] from one fused projection, or gate and up each from its own,
 // multiplied where they lie (no copy of the two side by side).
 void gated(const std::vector<Projection>& parts, const torch::Tensor& x, torch::Tensor& out, const GemmRows& gemm) {
-  if (parts.size() == 1) return silu_and_mul(parts[0](x, gemm), out);
-  const torch::Tensor gate = parts[0](x, gemm), up = parts[1](x, gemm);
   const int64_t n = out.size(1);
-  at::parallel_for(0, out.size(0), kRowsPerTask, [&](int64_t first, int64_t last) {
-    for (int64_t r = first; r < last; ++r)
-      silu_times(gate.data_ptr<float>() + r * n, up.data_ptr<float>() + r * n, n, out.data_ptr<float>() + r * n);
-  });
+  if (parts.size() == 1) {
+    const torch::Tensor gate_up = parts[0](x, gemm);
+    return silu_and_mul(gate_up.data_ptr<float>(), gate_up.data_ptr<float>() + n, 2 * n, out);
+  }
+  const torch::Tensor gate = parts[0](x, gemm), up = parts[1](x, gemm);
+  silu_and_mul(gate.data_ptr<float>(), up.data_ptr<float>(), n, out);
 }
 
 // A projection as the phases read it: float32 rows or GGUF blocks, checked when built (outside the parallel region,
