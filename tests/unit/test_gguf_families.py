@@ -30,6 +30,7 @@ VOCAB = 1000
 SIZES = {**TINY_SIZES, "vocab_size": VOCAB, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0}
 FAMILIES = {  # head widths other than hidden / heads, and windows the 40-token prompt crosses
     "qwen3": ("Qwen3Config", {"head_dim": 48}),
+    "qwen3_biased": ("Qwen3Config", {"head_dim": 48, "attention_bias": True}),  # biases on q/k/v and o
     "phi3": ("Phi3Config", {}),
     "gemma2": ("Gemma2Config", {"head_dim": 48, "sliding_window": 16, "attn_logit_softcapping": 5.0}),
     "gemma3_text": ("Gemma3TextConfig", {"head_dim": 48, "sliding_window": 16, "query_pre_attn_scalar": 24}),

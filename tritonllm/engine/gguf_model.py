@@ -62,7 +62,7 @@ def build(model_dir: Path, gguf_file: Path, attn_implementation: str) -> torch.n
             replace_module(model, module_name, GGUFLinear(tensor.raw, tensor.type, tensor.shape[1], bias_values))
         elif isinstance(module, torch.nn.Embedding) and kind == "weight":
             replace_module(model, module_name, _embedding(module, tensor))
-        elif not (isinstance(module, torch.nn.Linear) and kind == "bias"):
+        elif not (kind == "bias" and isinstance(module, torch.nn.Linear | GGUFLinear)):  # a bias: with its weight
             module._parameters[kind] = torch.nn.Parameter(_values(processor, file_name, tensor), requires_grad=False)
     _tie_output_layer(model, config)
     _compute_buffers(model)

@@ -97,9 +97,7 @@ def describe(gguf_file: Path, out_dir: Path, progress: Callable[[str], None] | N
     where, name = str(gguf_file.parent), gguf_file.name
     config = AutoConfig.from_pretrained(where, gguf_file=name)
     config.architectures = [SERVED_FROM_FILE[architecture(gguf_file)]]
-    # transformers reads no head width from some architectures' files (Qwen3's default of 128 stands)
-    if (width := head_dim(gguf_file)) is not None and getattr(config, "head_dim", width) != width:
-        config.head_dim = width
+    _settings_transformers_misses(config, gguf_file)
     config.name_or_path = gguf_file.stem
     tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
     partial = out_dir.with_name(out_dir.name + ".partial")
@@ -179,10 +177,16 @@ _UINT32 = 4
 _PLAIN = {"F32": np.float32, "F16": np.float16}  # formats whose rows are values, as gguf-py's reader gives them
 
 
-def head_dim(path: Path) -> int | None:
-    """The file's attention.key_length: each head's width, where it is given."""
-    name, metadata, _ = _read(path)
-    return metadata.get(f"{name}.attention.key_length")
+def _settings_transformers_misses(config, gguf_file: Path) -> None:
+    """What transformers' GGUF config leaves at its defaults whatever the file says, set from the file: each head's
+    width (`attention.key_length`; Qwen3's default of 128 stands otherwise) and biases on the attention's
+    projections (`attention_bias`, where the architecture's config has it)."""
+    name, metadata, tensors = _read(gguf_file)
+    width = metadata.get(f"{name}.attention.key_length")
+    if width is not None and getattr(config, "head_dim", width) != width:
+        config.head_dim = width
+    if hasattr(config, "attention_bias") and any(t.name.endswith(".attn_q.bias") for t in tensors):
+        config.attention_bias = True
 
 
 def read_tensors(path: Path, mode: str = "r") -> tuple[str, list[GGUFTensor]]:
