@@ -4,8 +4,8 @@
 // the next chunk is read, so a decode step reads each weight byte once; the outputs equal x @ dequantize(W)^T up
 // to the order of float32 summation.
 //   one input row:   several weight rows at once (kColumns), each its own stream from memory
-//   up to 19 rows:   tiles of up to 8 input rows against one weight row
-//   20 to 64 rows:   16 weight rows widened to float32 at a time, through dense_linear.cpp's tiles
+//   up to 11 rows:   tiles of up to 8 input rows against one weight row
+//   12 to 64 rows:   16 weight rows widened to float32 at a time, through dense_linear.cpp's tiles
 //   more rows:       panel_gemm.cpp's GEMM, each panel of weight rows widened into its scratch as it is taken
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -26,9 +26,10 @@ void dense_rows_times_weight_rows(const float* x, int64_t rows, const float* w, 
 
 namespace {
 
-// From this many input rows up, weight rows are widened once and go through the float32 tiles (as
-// quantized_linear.cpp's blocks do, from the same count).
-constexpr int64_t kWidenRows = 20;
+// From this many input rows up, weight rows are widened once and go through the float32 tiles, whose register
+// blocking does more per cycle than one weight row against 8 input rows (bench/gguf_paths.py; near 9 rows neither
+// leads).
+constexpr int64_t kWidenRows = 12;
 
 using float_vec::Vec;
 using gguf_blocks::Format;
