@@ -226,6 +226,31 @@ def wav_samples(data: bytes):
         return np.frombuffer(clip.readframes(clip.getnframes()), dtype="<i2").astype(np.float32) / 32768
 
 
+def transparent_png(seed: int, mode: str, size: tuple[int, int] = (40, 70)) -> bytes:
+    """A random picture with transparency as PNG bytes: `mode` RGBA or LA (an alpha band, half its pixels wholly
+    transparent), or P (a palette with a transparent index). Under the transparent pixels lies a saturated colour,
+    which a plain convert("RGB") keeps and a white background hides."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    random = np.random.RandomState(seed)
+    colour = random.randint(0, 255, (*size, 3), dtype=np.uint8)
+    alpha = random.choice(np.array([0, 0, 90, 255], dtype=np.uint8), size)
+    colour[alpha == 0] = (255, 0, 255)
+    out = io.BytesIO()
+    if mode == "P":
+        picture = Image.fromarray(colour).quantize(colors=16, dither=Image.Dither.NONE)
+        palette = np.asarray(picture)
+        picture.info["transparency"] = int(palette[alpha == 0][0])
+        picture.save(out, "PNG", transparency=picture.info["transparency"])
+    else:
+        bands = np.dstack([colour if mode == "RGBA" else colour[..., :1], alpha])
+        Image.fromarray(bands, mode).save(out, "PNG")
+    return out.getvalue()
+
+
 def png(seed: int, size: tuple[int, int] = (40, 70)) -> bytes:
     """A random RGB picture as PNG bytes."""
     import io
@@ -304,7 +329,8 @@ class Reference:
         if audio:
             arguments = {"audio": [wav_samples(p) for p in pictures], "sampling_rate": 16_000}
         elif pictures:
-            arguments["images"] = [Image.open(io.BytesIO(p)).convert("RGB") for p in pictures]
+            # as the file decodes: the processor makes it RGB its own way (convert_to_rgb lays transparency over white)
+            arguments["images"] = [Image.open(io.BytesIO(p)) for p in pictures]
         if videos:
             arguments["videos"] = videos
         inputs = self.processor(text=[prompt], return_tensors="pt", **arguments)
@@ -317,7 +343,7 @@ class Reference:
 
         from PIL import Image
 
-        images = [Image.open(io.BytesIO(p)).convert("RGB") for p in pictures]
+        images = [Image.open(io.BytesIO(p)) for p in pictures]
         inputs = self.processor(text=[prompt], images=images, return_tensors="pt")
         out = self.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
         return out[0, inputs["input_ids"].shape[1] :].tolist()

@@ -89,3 +89,15 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:
             return True
         time.sleep(interval)
     return predicate()
+
+
+def pause_llm(grpc_url: str, paused: bool, llm: str = "llm") -> None:
+    """Pauses (or resumes) the llm instance Triton hands the request to: with one instance, the engine. Requests
+    sent meanwhile wait for admission, so that they are admitted together, by rank, when it resumes."""
+    client = grpcclient.InferenceServerClient(grpc_url)
+    try:
+        client.start_stream(callback=lambda result, error: None)
+        client.async_stream_infer(llm, [tensor("pause", [[paused]], "BOOL")])
+    finally:
+        client.stop_stream()
+        client.close()

@@ -46,6 +46,8 @@ def test_the_api_key_guards_every_port(tiny_model_dir, tmp_path):
         assert httpx.post(f"{shim}/v1/completions", json=completion).status_code == 401
         served = httpx.post(f"{shim}/v1/completions", json=completion, headers={"Authorization": f"Bearer {KEY}"})
         assert served.status_code == 200 and served.json()["usage"]["completion_tokens"] == 3
+        icon = httpx.get(f"{shim}/favicon.ico")  # the page's icon, like the page, without the key
+        assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/"), icon.text
 
 
 @pytest.mark.parametrize(

@@ -6,13 +6,17 @@ file), /v1/models' modalities; each answer equal to transformers' generate() on 
 from __future__ import annotations
 
 import base64
+import io
 import json
+from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from conftest import MODELS, demo_model
 from loopback_site import loopback_site
 from multimodal_models import Reference, build_multimodal, png, wav
+from PIL import Image
 
 from e2e.conftest import running_serve
 from tritonllm.launcher.tritonserver import free_port
@@ -119,6 +123,50 @@ def test_the_pages_generate_stream_example(serve, reference, media_folder):
         assert response.status_code == 200
         events = [json.loads(line[5:]) for line in response.iter_lines() if line.startswith("data:")]
     assert "".join(e["text_output"] for e in events) == reference.text(["My name is Olivier and I", png(5)], TOKENS)
+
+
+@pytest.mark.parametrize("route", ["generate_stream", "generate"])
+def test_a_bad_image_in_a_list_text_input_is_named_as_sent(serve, route):
+    body = {
+        "text_input": [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": data_url(png(3)[:200])}],
+        "parameters": {"max_new_tokens": 2},
+    }
+    response = httpx.post(f"{serve}/v2/models/llava/{route}", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    assert "text_input[1]" in response.text and "messages[" not in response.text, response.text
+
+
+def _stub_of(shim_url: str, model: str) -> psutil.Process:
+    """The Python stub of `model` in the server whose shim listens at `shim_url`."""
+    port = int(shim_url.rsplit(":", 1)[1])
+    (serve,) = {c.pid for c in psutil.net_connections("tcp") if c.laddr.port == port and c.status == "LISTEN"}
+    stubs = [p for p in psutil.Process(serve).children(recursive=True) if f"{model}_0_0" in " ".join(p.cmdline())]
+    assert len(stubs) == 1, stubs
+    return stubs[0]
+
+
+def _peak_rss_mb(process: psutil.Process) -> float:
+    status = Path(f"/proc/{process.pid}/status").read_text()
+    return int(status.split("VmHWM:")[1].split()[0]) / 1024
+
+
+def test_a_pixel_bomb_is_refused_from_its_header_before_it_is_decoded(serve, reference):
+    """9000 x 9000 grey pixels compress to some 80 KB of PNG, under Pillow's own bound; decoded they are 81 MB, and
+    243 MB in RGB. Refused from the header, the preprocessing stub's peak memory does not move by a decode's worth."""
+    bomb = io.BytesIO()
+    Image.new("L", (9000, 9000), 128).save(bomb, "PNG")
+    preprocessing = _stub_of(serve, "preprocessing")
+    before = _peak_rss_mb(preprocessing)
+    body = {"model": "llava", "messages": image_chat(data_url(bomb.getvalue())), "max_tokens": 2}
+    response = httpx.post(f"{serve}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    message = response.json()["error"]["message"]
+    assert "messages[0].content[0].image_url is 9000 x 9000 pixels" in message, message
+    assert _peak_rss_mb(preprocessing) - before < 40
+    image = png(9)
+    body = {"model": "llava", "messages": image_chat(data_url(image)), "max_tokens": TOKENS, "temperature": 0}
+    after = httpx.post(f"{serve}/v1/chat/completions", json=body, timeout=60).json()
+    assert after["choices"][0]["message"]["content"] == reference.text([image, QUESTION], TOKENS)
 
 
 def test_models_say_what_they_take(serve):

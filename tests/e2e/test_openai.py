@@ -172,6 +172,24 @@ def test_bad_requests_get_400_naming_the_field(shim_url, route, body, field):
     assert field in error["message"] and error["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize("route", ["v1/chat/completions", "v1/completions", f"v2/models/{MODEL}/generate"])
+def test_json_nested_past_reason_is_400_and_the_next_request_is_served(shim_url, route):
+    """100,000 nested arrays: Python's JSON parser runs out of stack (a RecursionError, not a ValueError)."""
+    deep = b'{"model": "%s", "prompt": ' % MODEL.encode() + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    r = httpx.post(f"{shim_url}/{route}", content=deep, headers={"Content-Type": "application/json"}, timeout=30)
+    assert r.status_code == 400, r.text
+    assert "nested too deeply" in r.text or "recursion limit" in r.text, r.text
+    tool_arguments = "[" * 100_000 + "]" * 100_000  # a past tool call's arguments, kept as text
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": tool_arguments}}
+    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [call]}]
+    messages.append({"role": "tool", "tool_call_id": "c1", "content": "ok"})
+    body = {"model": MODEL, "messages": messages, "max_tokens": 2}
+    r = httpx.post(f"{shim_url}/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code in (200, 400), r.text
+    r = httpx.post(f"{shim_url}/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2}, timeout=30)
+    assert r.status_code == 200, r.text
+
+
 def test_unknown_model_is_404(openai_client):
     with pytest.raises(openai.NotFoundError, match="nope"):
         openai_client.completions.create(model="nope", prompt="x", max_tokens=2)

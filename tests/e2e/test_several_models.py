@@ -14,11 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-import tritonclient.grpc as grpcclient
 from conftest import MODELS
 from oracles import greedy_text
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from triton_helpers import tensor, wait_for
+from triton_helpers import pause_llm, wait_for
 
 from .conftest import running_serve
 
@@ -124,7 +123,7 @@ def test_a_model_in_use_is_not_unloaded_and_the_router_routes(models_folder, tmp
         url = f"http://127.0.0.1:{ports['--shim-port']}"
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         # tiny's request waits in its paused engine: tiny is in use, and used less recently than small
-        pause_llm(ports, "llm", True)
+        pause_llm(f"127.0.0.1:{ports['--grpc-port']}", True)
         try:
             waiting = pool.submit(chat, client, "tiny")
             assert wait_for(lambda: waiting_in(ports, "llm_0_0") == 1, timeout=30)
@@ -134,7 +133,7 @@ def test_a_model_in_use_is_not_unloaded_and_the_router_routes(models_folder, tmp
             assert wait_for(lambda: not ready(ports, "small"), timeout=60)
             assert ready(ports, "ensemble") and not waiting.done()
         finally:
-            pause_llm(ports, "llm", False)
+            pause_llm(f"127.0.0.1:{ports['--grpc-port']}", False)
         assert waiting.result(timeout=60) == answers["tiny"]
         assert loading.result(timeout=60) == answers["tiny"]
 
@@ -149,16 +148,6 @@ def test_a_model_in_use_is_not_unloaded_and_the_router_routes(models_folder, tmp
         assert states() == {"tiny": "loaded", "small": "loaded", "tiny2": "unloaded"}
         refused = httpx.post(f"{url}/models/load", json={"model": "nope"}, timeout=60)
         assert refused.status_code == 404 and refused.json()["error"]["param"] == "model"
-
-
-def pause_llm(ports: dict, llm: str, paused: bool) -> None:
-    client = grpcclient.InferenceServerClient(f"127.0.0.1:{ports['--grpc-port']}")
-    try:
-        client.start_stream(callback=lambda result, error: None)
-        client.async_stream_infer(llm, [tensor("pause", [[paused]], "BOOL")])
-    finally:
-        client.stop_stream()
-        client.close()
 
 
 def waiting_in(ports: dict, instance: str) -> float:

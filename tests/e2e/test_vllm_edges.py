@@ -5,6 +5,7 @@ the same ids, and this server's own /tokenize."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import httpx
@@ -42,7 +43,11 @@ def test_return_token_ids_gives_the_prompts_and_each_choices_ids(openai_client, 
     assert chunks[0].model_extra["prompt_token_ids"] == extra["prompt_token_ids"]
     streamed = [t for c in chunks for choice in c.choices for t in choice.model_extra.get("token_ids") or []]
     assert streamed == choice.model_extra["token_ids"]
-    assert "prompt_token_ids" not in chat(openai_client).model_extra  # only when asked for
+    plain = chat(openai_client)  # not asked for: null, as vLLM sends them, so that the SDK's attributes read None
+    assert plain.prompt_token_ids is None and plain.prompt_logprobs is None and plain.choices[0].token_ids is None
+    whole = openai_client.completions.create(model=MODEL, prompt="Hello", max_tokens=2, temperature=0)
+    assert whole.choices[0].token_ids is None and whole.choices[0].prompt_token_ids is None
+    assert whole.choices[0].prompt_logprobs is None
 
 
 def test_completions_return_token_ids_per_choice(openai_client, tokenizer):
@@ -107,8 +112,8 @@ def test_truncate_prompt_tokens_keeps_the_end_or_the_start(openai_client, shim_u
     assert fitted.model_extra["prompt_token_ids"] == full
 
 
-def stream_chunks(shim_url: str, stream_options: dict | None) -> list[dict]:
-    body = {"model": MODEL, "messages": CHAT, "max_tokens": 5, "temperature": 0, "stream": True}
+def stream_chunks(shim_url: str, stream_options: dict | None, **extra) -> list[dict]:
+    body = {"model": MODEL, "messages": CHAT, "max_tokens": 5, "temperature": 0, "stream": True, **extra}
     if stream_options is not None:
         body["stream_options"] = stream_options
     with httpx.stream("POST", f"{shim_url}/v1/chat/completions", json=body, timeout=60) as r:
@@ -124,12 +129,16 @@ def test_usage_goes_where_stream_options_say(shim_url):
     own = stream_chunks(shim_url, {"include_usage": True})  # OpenAI's: a chunk of its own, after the choices
     assert [c["choices"] == [] for c in own] == [False] * (len(own) - 1) + [True]
     assert [c.get("usage") is not None for c in own] == [False] * (len(own) - 1) + [True]
-    every = stream_chunks(shim_url, {"include_usage": True, "continuous_usage_stats": True})
+    every = stream_chunks(shim_url, {"include_usage": True, "continuous_usage_stats": True}, return_token_ids=True)
     assert all(
         c["usage"]["total_tokens"] == c["usage"]["prompt_tokens"] + c["usage"]["completion_tokens"] for c in every
     )
     completions = [c["usage"]["completion_tokens"] for c in every]
     assert completions == sorted(completions) and completions[-1] == own[-1]["usage"]["completion_tokens"] == 5
+    # vLLM's count: none on the role chunk, then the tokens so far on each chunk that carries some
+    assert every[0]["choices"][0]["delta"].get("role") == "assistant"
+    carried = [len(c["choices"][0].get("token_ids") or []) if c["choices"] else 0 for c in every]
+    assert completions == list(itertools.accumulate(carried)), (completions, carried)
 
 
 def test_completions_logprobs_0_give_the_sampled_token(openai_client):

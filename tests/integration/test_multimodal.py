@@ -22,6 +22,7 @@ from multimodal_models import (
     build_multimodal,
     mp4,
     png,
+    transparent_png,
     wav,
 )
 from triton_helpers import Stream, tensor
@@ -162,6 +163,15 @@ def test_concurrent_requests_each_get_their_own_media(served, reference):
     with ThreadPoolExecutor(len(clips)) as pool:
         answers = list(pool.map(lambda clip: ask(server, chat(family, clip)), clips))
     assert answers == [reference(clip) for clip in clips]
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "LA", "P"])
+def test_a_transparent_image_is_laid_over_white_as_transformers_lays_it(served, reference, mode):
+    family, server = served
+    if family not in IMAGE_FAMILIES:
+        pytest.skip("an audio model takes no image")
+    picture = transparent_png(30, mode)
+    assert ask(server, chat(family, picture)) == reference(picture)
 
 
 def test_a_truncated_file_is_an_error_naming_its_part(served, reference):

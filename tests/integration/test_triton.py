@@ -15,7 +15,7 @@ import pytest
 import torch
 import tritonclient.grpc as grpcclient
 from oracles import beam_search, greedy_ids, greedy_text, merged, prompt_tuned_greedy, random_adapter
-from triton_helpers import Stream, metric, tensor, wait_for
+from triton_helpers import Stream, metric, pause_llm, tensor, wait_for
 from tritonclient.utils import InferenceServerException
 
 from tritonllm.tokenizer.detokenizer import CONTEXT_TOKENS, text_increment
@@ -122,17 +122,6 @@ def test_triton_http_generate_stream_on_the_ensemble(triton, tokenizer, hf_model
     assert all(not e["finish_reason"] for e in events[:-1])
 
 
-def pause_llm(triton, paused: bool) -> None:
-    """Pauses (or resumes) the llm instance Triton hands the request to: with one instance, the engine."""
-    client = grpcclient.InferenceServerClient(triton.grpc_url)
-    try:
-        client.start_stream(callback=lambda result, error: None)
-        client.async_stream_infer("llm", [tensor("pause", [[paused]], "BOOL")])
-    finally:
-        client.stop_stream()
-        client.close()
-
-
 def test_32_concurrent_streams_complete_correctly_in_one_batch(triton, tokenizer, hf_model, pytestconfig):
     """The engine paused while the 32 requests arrive, so they run as one batch whatever the machine's speed."""
     prompts = [f"{PROMPTS[i % 4]} {i}" for i in range(32)]
@@ -148,16 +137,16 @@ def test_32_concurrent_streams_complete_correctly_in_one_batch(triton, tokenizer
             s.close()
         return text_of(results), max(r.as_numpy("batch_size").item() for r in results)
 
-    pause_llm(triton, True)
+    pause_llm(triton.grpc_url, True)
     try:
         with ThreadPoolExecutor(32) as pool:
             running = [pool.submit(one, i) for i in range(32)]
             if one_instance:
                 assert wait_for(lambda: metric(triton, "tritonllm_requests_waiting") == 32, timeout=60)
-            pause_llm(triton, False)
+            pause_llm(triton.grpc_url, False)
             outcomes = [r.result() for r in running]
     finally:
-        pause_llm(triton, False)
+        pause_llm(triton.grpc_url, False)
     assert [text for text, _ in outcomes] == expected
     batches = [batch for _, batch in outcomes]
     assert max(batches) == 32 if one_instance else max(batches) > 1

@@ -18,6 +18,7 @@ from tritonllm.shim.triton_errors import TritonRequestError
     [
         (errors.RequestError("max_tokens", "max_tokens is too large: 9"), 400),
         (errors.Overloaded("max_queue_size", "overloaded: 3 queued"), 429),
+        (errors.Overloaded("max_queue_wait", "overloaded: [2] ahead", retry_after_s=7), 429),
     ],
 )
 def test_a_typed_error_survives_the_trip_as_its_status_and_field(error, status):
@@ -25,6 +26,8 @@ def test_a_typed_error_survives_the_trip_as_its_status_and_field(error, status):
     message = f"in ensemble 'ensemble', {errors.to_message(error, 'r1', logging.getLogger('test'))}"
     refused = APIError.refused(TritonRequestError(message))
     assert (refused.status, refused.param, refused.message) == (status, error.param, error.message)
+    retry = getattr(error, "retry_after_s", None)
+    assert refused.headers() == ({"Retry-After": str(retry)} if retry else None)
 
 
 def test_an_untyped_error_is_an_internal_error_naming_the_request():

@@ -116,6 +116,24 @@ def test_a_full_queue_rejects_at_once_and_a_request_all_or_nothing(tiny_model_di
         thread.submit(request(1))
 
 
+def test_a_request_that_would_wait_too_long_is_shed_unless_nothing_of_its_rank_is_ahead(tiny_model_dir):
+    engine = make_engine(tiny_model_dir)
+    thread = EngineThread(engine, max_queue_wait=1.0)  # not started: what is submitted stays queued
+
+    def request(priority: int = 5) -> list[Submission]:
+        return [Submission(Sequence([1], SamplingParams(), priority=priority), lambda out: None)]
+
+    thread.submit(request())
+    thread.submit(request())  # no finish seen yet: no rate to judge a wait by
+    for at in (10.0, 11.0, 12.0):  # finishes 1 s apart: 1 a second
+        thread.finishes.record(at)
+    with pytest.raises(Overloaded, match="max_queue_wait=1 s") as shed:
+        thread.submit(request())  # 2 ahead, 2 s at 1 a second
+    assert shed.value.retry_after_s == 1 and shed.value.param == "max_queue_wait"
+    thread.submit(request(priority=1))  # nothing of its rank ahead of it
+    assert thread.num_queued() == 3
+
+
 def test_samples_share_the_prompt_blocks_and_draw_from_their_own_seeds(tiny_model_dir):
     prompt = SHARED + [7, 8]  # 42 tokens: 10 full blocks of 4 to share
     params = SamplingParams(max_tokens=16, temperature=1.0, seed=40)

@@ -7,6 +7,7 @@ from fastapi.testclient import TestClient
 
 from tritonllm.launcher.tritonserver import free_port
 from tritonllm.shim.app import create_app
+from tritonllm.shim.errors import UNAVAILABLE_RETRY_AFTER_S
 from tritonllm.shim.settings import ShimSettings
 
 
@@ -22,6 +23,7 @@ def test_requests_get_503_when_triton_is_unreachable(route, body):
     settings = ShimSettings(triton_grpc_url=f"127.0.0.1:{free_port()}", served_model_name="tiny")
     with TestClient(create_app(settings)) as client:
         response = client.post(route, json=body)
-        assert client.get("/health").status_code == 503
-    assert response.status_code == 503
+        health = client.get("/health")
+    assert health.status_code == 503 and health.headers["Retry-After"] == str(UNAVAILABLE_RETRY_AFTER_S)
+    assert response.status_code == 503 and response.headers["Retry-After"] == str(UNAVAILABLE_RETRY_AFTER_S)
     assert response.json()["error"]["type"] == "server_error"

@@ -13,10 +13,12 @@ import numpy as np
 
 from tritonllm.formats.multimodal_folder import media_kinds
 from tritonllm.media.fetch import MediaPolicy
+from tritonllm.media.kinds import MAX_IMAGE_PIXELS
 from tritonllm.multimodal.content_parts import split_messages, tensor_images
 
 ALLOWED_LOCAL_MEDIA_PATH_ENV = "TRITONLLM_ALLOWED_LOCAL_MEDIA_PATH"
 ALLOWED_MEDIA_DOMAINS_ENV = "TRITONLLM_ALLOWED_MEDIA_DOMAINS"
+MAX_IMAGE_PIXELS_ENV = "TRITONLLM_MAX_IMAGE_PIXELS"
 # the multimodal_encoders model's outputs: the rows, M-RoPE's positions ([3, 0] for other models), their delta
 ENCODER_OUTPUTS = ("OUT_PROMPT_EMBEDDING_TABLE", "OUT_MROPE_POSITIONS", "OUT_MROPE_POSITION_DELTAS")
 
@@ -34,13 +36,15 @@ class MediaRows:
 Encode = Callable[[dict[str, np.ndarray]], MediaRows]
 
 
-def media_policy(allowed_local_path: str = "", allowed_domains: str = "") -> MediaPolicy:
+def media_policy(allowed_local_path: str = "", allowed_domains: str = "", max_image_pixels: str = "") -> MediaPolicy:
     """The flags' policy, through the environment `serve` sets (the parameters' values when it sets none)."""
     path = os.environ.get(ALLOWED_LOCAL_MEDIA_PATH_ENV) or allowed_local_path
     domains = os.environ.get(ALLOWED_MEDIA_DOMAINS_ENV) or allowed_domains
+    pixels = os.environ.get(MAX_IMAGE_PIXELS_ENV) or max_image_pixels
     return MediaPolicy(
         allowed_local_path=Path(path).resolve() if path else None,
         allowed_domains=frozenset(d.strip().lower() for d in domains.split(",") if d.strip()) or None,
+        max_image_pixels=int(pixels) if pixels else MAX_IMAGE_PIXELS,
     )
 
 

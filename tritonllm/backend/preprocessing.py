@@ -108,7 +108,11 @@ class Preprocessor:
         """`encode`: the multimodal_encoders model, called for a prompt with media (a multimodal model only)."""
         self.model_dir = params.model_dir()
         self.tokenizer = load_backend_tokenizer(self.model_dir)  # transformers' only on a first start
-        policy = media_policy(params.get("allowed_local_media_path", ""), params.get("allowed_media_domains", ""))
+        policy = media_policy(
+            params.get("allowed_local_media_path", ""),
+            params.get("allowed_media_domains", ""),
+            params.get("max_image_pixels", ""),
+        )
         self.media = MediaPrompts.of(self.model_dir, policy, encode)
         self.default_max_tokens = params.int("default_max_tokens", 16)
         self.add_special_tokens = params.bool("add_special_tokens", True)

@@ -81,6 +81,11 @@ class EngineConfig:
     )
     lora_cache_size: int = setting(8, "LoRA adapters kept by task id, least recently used out first (0: no LoRA)")
     max_queue_size: int = setting(256, "requests waiting beyond this are refused at once as overloaded (0: no limit)")
+    max_queue_wait: float = setting(
+        0.0,
+        "seconds a request may expect to wait for admission: one with more requests of its priority or higher ahead "
+        "of it than requests have been finishing in that time is refused at once as overloaded (0: no limit)",
+    )
     stream_interval: int = setting(1, "a streaming request gets a response every N new tokens")
     speculative: str = setting(
         "none",
@@ -110,6 +115,7 @@ class EngineConfig:
             "tensor_parallel_size": self.tensor_parallel_size >= 1,
             "lora_cache_size": self.lora_cache_size >= 0,
             "max_queue_size": self.max_queue_size >= 0,
+            "max_queue_wait": self.max_queue_wait >= 0,
             "stream_interval": self.stream_interval >= 1,
             "speculative": self.speculative in ("none", "ngram", "draft_model"),
             "speculative_model": bool(self.speculative_model) == (self.speculative == "draft_model"),

@@ -9,9 +9,12 @@ server, which the engine thread should not wait on between steps.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import queue
 import threading
+import time
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -60,18 +63,42 @@ class CancellationProbe:
             self._retired = True
 
 
+class FinishRate:
+    """Sequences finished a second while the engine had work: over the last `window` finishes, so that an idle
+    spell before a burst does not count."""
+
+    def __init__(self, window: int = 32) -> None:
+        self._times: deque[float] = deque(maxlen=window)  # appended by the engine thread, read by submitters
+
+    def record(self, at: float | None = None) -> None:
+        """A sequence finished `at` (time.monotonic(); now by default)."""
+        self._times.append(time.monotonic() if at is None else at)
+
+    def per_second(self) -> float | None:
+        times = list(self._times)
+        if len(times) < 2 or times[-1] <= times[0]:
+            return None  # nothing to go by yet
+        return (len(times) - 1) / (times[-1] - times[0])
+
+
 class EngineThread:
     def __init__(
         self,
         engine: LLMEngine,
         on_step: Callable[[LLMEngine], None] | None = None,
         max_queue_size: int = 0,
+        max_queue_wait: float = 0.0,
         cancel_probe_interval: float = 0.1,
         nice: int = 0,
     ) -> None:
         self.engine = engine
         self.on_step = on_step
         self.max_queue_size = max_queue_size  # 0: unbounded
+        self.max_queue_wait = max_queue_wait  # seconds; 0: unbounded
+        self.finishes = FinishRate()
+        # priorities of the sequences handed over but not yet taken in (the inbox cannot be looked into)
+        self._handed: Counter[int] = Counter()
+        self._handed_lock = threading.Lock()
         # Every probe costs the server CPU that the forward pass needs too, so a sweep runs this often (seconds).
         self.cancel_probe_interval = cancel_probe_interval
         self.nice = nice
@@ -94,15 +121,37 @@ class EngineThread:
         return self._inbox.qsize() + len(self.engine.scheduler.waiting)
 
     def submit(self, submissions: list[Submission]) -> None:
-        """Hands one request's sequences to the engine, all or none: Overloaded at once when the queue is full."""
+        """Hands one request's sequences to the engine, all or none: Overloaded at once when the queue is full, or
+        when the request would wait longer than max_queue_wait; either says when a retry may be taken in."""
         queued = self.num_queued()
+        rate = self.finishes.per_second()
         if self.max_queue_size and queued + len(submissions) > self.max_queue_size:
+            over = queued + len(submissions) - self.max_queue_size
             raise Overloaded(
                 "max_queue_size",
                 f"overloaded: {queued} requests queued (max_queue_size={self.max_queue_size}); retry later",
+                math.ceil(over / rate) if rate else 1,
             )
+        ahead = self._waiting_ahead(min(s.seq.priority for s in submissions))
+        if self.max_queue_wait and ahead and rate and ahead / rate > self.max_queue_wait:
+            wait = ahead / rate
+            raise Overloaded(
+                "max_queue_wait",
+                f"overloaded: {ahead} requests ahead, some {wait:.1f} s of waiting at {rate:.2f} finished a second "
+                f"(max_queue_wait={self.max_queue_wait:g} s); retry later",
+                math.ceil(wait - self.max_queue_wait),
+            )
+        with self._handed_lock:
+            self._handed.update(s.seq.priority for s in submissions)
         for submission in submissions:
             self._inbox.put(("add", submission))
+
+    def _waiting_ahead(self, priority: int) -> int:
+        """Sequences a new one of `priority` would wait behind: those of its priority or higher handed over but not
+        taken in, or waiting for admission (a copy of the list: the engine thread changes it)."""
+        with self._handed_lock:
+            handed = sum(count for rank, count in self._handed.items() if rank <= priority)
+        return handed + sum(1 for seq in list(self.engine.scheduler.waiting) if seq.priority <= priority)
 
     def cancel(self, request_id: str) -> None:
         """Cancels every live sequence submitted under `request_id`."""
@@ -176,6 +225,8 @@ class EngineThread:
     def _handle(self, kind: str, payload) -> None:
         if kind == "add":
             sub: Submission = payload
+            with self._handed_lock:
+                self._handed[sub.seq.priority] -= 1
             self._live[sub.seq.seq_id] = sub
             if sub.is_cancelled is not None:
                 with self._probes_lock:
@@ -216,6 +267,7 @@ class EngineThread:
             return
         if out.finished:
             del self._live[out.seq.seq_id]
+            self.finishes.record()
             with self._probes_lock:
                 probe = self._probes.pop(out.seq.seq_id, None)
             if probe is not None:

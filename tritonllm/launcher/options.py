@@ -7,6 +7,7 @@ import os
 
 from tritonllm.engine.config import EngineConfig, kind_of
 from tritonllm.launcher.defaults import API_KEY_ENV, THROUGH_ENSEMBLE_ENV
+from tritonllm.media.kinds import MAX_IMAGE_PIXELS
 from tritonllm.tokenizer import reasoning
 from tritonllm.tokenizer.tool_calls import FORMATS
 
@@ -98,6 +99,14 @@ def add_media_options(p: argparse.ArgumentParser) -> None:
         nargs="*",
         default=[],
         help="the only hosts a media URL (and each of its redirects) may name (default: any)",
+    )
+    p.add_argument(
+        "--max-image-pixels",
+        type=int,
+        default=MAX_IMAGE_PIXELS,
+        metavar="N",
+        help="an image's width x height at most, read from its header before it is decoded; a larger one is a 400 "
+        "naming its part (default: an 8K frame, %(default)s)",
     )
 
 

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tritonllm.backend.embedding import EMBEDDING_MODEL_DIR_ENV
-from tritonllm.backend.media_prompt import ALLOWED_LOCAL_MEDIA_PATH_ENV, ALLOWED_MEDIA_DOMAINS_ENV
+from tritonllm.backend.media_prompt import ALLOWED_LOCAL_MEDIA_PATH_ENV, ALLOWED_MEDIA_DOMAINS_ENV, MAX_IMAGE_PIXELS_ENV
 from tritonllm.backend.model_parameters import EXCLUDE_INPUT_ENV, MODEL_DIR_ENV, TOOL_CALL_PARSER_ENV
 from tritonllm.backend.reranker import RERANK_MODEL_DIR_ENV
 from tritonllm.common.unsupported_model import UnsupportedModelError
@@ -165,6 +165,7 @@ def _triton_server(args: argparse.Namespace, llms: list, model_dirs: list[Path],
         env[ALLOWED_LOCAL_MEDIA_PATH_ENV] = str(Path(args.allowed_local_media_path.removeprefix("file://")).resolve())
     if args.allowed_media_domains:
         env[ALLOWED_MEDIA_DOMAINS_ENV] = ",".join(args.allowed_media_domains)
+    env[MAX_IMAGE_PIXELS_ENV] = str(args.max_image_pixels)
     if args.rerank_model_dir:
         env[RERANK_MODEL_DIR_ENV] = str(Path(args.rerank_model_dir).absolute())
     if args.embedding_model_dir:

@@ -14,20 +14,27 @@ import numpy as np
 from PIL import Image
 
 from tritonllm.media.errors import MediaError
-from tritonllm.media.kinds import AUDIO, IMAGE, VIDEO, MediaKind
+from tritonllm.media.kinds import AUDIO, IMAGE, MAX_IMAGE_PIXELS, VIDEO, MediaKind
 
 AUDIO_RATE = 16_000  # Whisper's, the audio encoders' rate
+WHITE = (255, 255, 255, 255)
 MAX_DECODED_FRAMES = 4096  # a video's frames decoded at most, before those kept are picked
 
 
-def image(data: bytes, part: str) -> Image.Image:
-    """An RGB image, decoded whole: a truncated file or one that would decode past Pillow's pixel bound is refused."""
+def image(data: bytes, part: str, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
+    """An RGB image, decoded whole, transparency laid over white: one with more than `max_pixels` pixels is refused
+    from its header, before it is decoded; so is a truncated file."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             picture = Image.open(io.BytesIO(data))
             if picture.format not in IMAGE.containers:
                 raise MediaError(part, f"{part} is {picture.format}, not {IMAGE.described}")
+            width, height = picture.size
+            if width * height > max_pixels:
+                raise MediaError(
+                    part, f"{part} is {width} x {height} pixels; an image may have {max_pixels:,} pixels at most"
+                )
             picture.load()
     except MediaError:
         raise
@@ -35,7 +42,22 @@ def image(data: bytes, part: str) -> Image.Image:
         raise MediaError(part, f"{part} has too many pixels to decode ({e})") from e
     except Exception as e:  # Pillow's errors for unreadable data: UnidentifiedImageError, OSError, SyntaxError
         raise MediaError(part, f"{part} is not a whole {IMAGE.described} image ({type(e).__name__}: {e})") from e
-    return picture.convert("RGB")
+    return _rgb(picture)
+
+
+def _rgb(picture: Image.Image) -> Image.Image:
+    """The decoded image (closed here) in RGB as transformers' image processors make it (`convert_to_rgb`), so that
+    the model sees the pixels it would under generate(): an image with an alpha band or a transparent colour is laid
+    over white (a bare `convert("RGB")` keeps whatever colour lies under its transparent pixels)."""
+    if picture.mode == "RGB":
+        return picture
+    if "A" not in picture.getbands() and picture.info.get("transparency") is None:
+        return picture.convert("RGB")
+    with_alpha = picture.convert("RGBA")
+    picture.close()  # each full-size copy is let go as soon as the next is made
+    laid = Image.alpha_composite(Image.new("RGBA", with_alpha.size, WHITE), with_alpha)
+    with_alpha.close()
+    return laid.convert("RGB")
 
 
 def audio(data: bytes, part: str, rate: int = AUDIO_RATE) -> np.ndarray:

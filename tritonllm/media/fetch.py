@@ -15,7 +15,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 import httpx
 
 from tritonllm.media.errors import MediaError
-from tritonllm.media.kinds import MB, MediaKind
+from tritonllm.media.kinds import MAX_IMAGE_PIXELS, MB, MediaKind
 
 _BASE64 = re.compile(r"[A-Za-z0-9+/=\s]+")
 _DATA_URL = re.compile(
@@ -32,6 +32,7 @@ class MediaPolicy:
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 30.0
     max_redirects: int = 3
+    max_image_pixels: int = MAX_IMAGE_PIXELS  # an image's width x height at most, read before it is decoded
 
 
 def fetch(reference: str, kind: MediaKind, part: str, policy: MediaPolicy) -> bytes:

@@ -84,7 +84,7 @@ class PromptBuilder:
             return Image.fromarray(np.ascontiguousarray(part.pixels), "RGB")
         data = fetch(part.reference, KINDS[part.kind], part.where, self.policy)
         if part.kind == "image":
-            return decode.image(data, part.where)
+            return decode.image(data, part.where, self.policy.max_image_pixels)
         if part.kind == "audio":
             return decode.audio(data, part.where, self.processor.feature_extractor.sampling_rate)
         return decode.video(data, part.where, VIDEO_FRAMES)

@@ -26,6 +26,7 @@ from tritonllm.shim import (
     tokenize_api,
 )
 from tritonllm.shim.errors import (
+    UNAVAILABLE_RETRY_AFTER_S,
     APIError,
     IgnoredFieldsHeader,
     api_error_handler,
@@ -79,7 +80,8 @@ def create_app(settings: ShimSettings, unavailable: Callable[[], str | None] | N
         if await app.state.triton.ready():
             return JSONResponse({"status": "ok"})
         reason = "tritonserver does not answer, or its ensembles are not ready"
-        return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503)
+        retry = {"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)}
+        return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503, headers=retry)
 
     return app
 
@@ -96,7 +98,7 @@ class WhileUnavailable:
         if reason is not None:
             body = {"status": "unavailable", "reason": reason} if scope["path"] == "/health" else None
             error = APIError(503, reason)
-            await JSONResponse(body or error.body(), status_code=503)(scope, receive, send)
+            await JSONResponse(body or error.body(), status_code=503, headers=error.headers())(scope, receive, send)
             return
         await self.app(scope, receive, send)
 

@@ -28,12 +28,23 @@ _TYPES = {
 }
 
 
+# What a 503 (the server behind the shim restarting, out of reach, or loading) tells a client to wait, in seconds
+UNAVAILABLE_RETRY_AFTER_S = 5
+
+
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+    """`retry_after_s`: when a retry may succeed, for the `Retry-After` header of a 429 (a 503 says
+    UNAVAILABLE_RETRY_AFTER_S)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+        self.retry_after_s = retry_after_s if retry_after_s or status != 503 else UNAVAILABLE_RETRY_AFTER_S
+
+    def headers(self) -> dict[str, str] | None:
+        return {"Retry-After": str(self.retry_after_s)} if self.retry_after_s else None
 
     @classmethod
     def refused(cls, error: TritonRequestError) -> APIError:
@@ -41,7 +52,7 @@ class APIError(Exception):
         fault of the request's (a model's bug, a step that died): 500, naming the request for the server's log."""
         typed = error.typed
         if typed is not None:
-            return cls(typed.status, typed.message, typed.param)
+            return cls(typed.status, typed.message, typed.param, getattr(typed, "retry_after_s", None))
         log.error("internal error serving request %s: %s", error.request_id or "(no id)", error)
         return cls.internal(error.request_id)
 
@@ -57,7 +68,7 @@ class APIError(Exception):
 
 
 async def api_error_handler(_: Request, exc: APIError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
 
 
 async def internal_error_handler(request: Request, exc: Exception) -> JSONResponse:
@@ -116,6 +127,9 @@ def _declared_only(model: type[BaseModel], raw: bytes, request: Request) -> obje
         body = json.loads(raw)
     except ValueError as e:
         raise RequestValidationError([{"loc": ("body",), "msg": f"not JSON: {e}", "type": "json_invalid"}]) from e
+    except RecursionError as e:  # Python's parser recurses once a level: some thousand levels, and it is out of stack
+        msg = "JSON nested too deeply to be a request"
+        raise RequestValidationError([{"loc": ("body",), "msg": msg, "type": "json_invalid"}]) from e
     if not isinstance(body, dict):
         return body
     declared = {f.alias or name for name, f in model.model_fields.items()} | set(model.model_fields)

@@ -21,6 +21,8 @@ from tritonllm.shim.settings import ShimSettings
 from tritonllm.shim.triton_requests import GenerationRequest
 
 MAX_TEXT_CHARS = 4 * 1024 * 1024
+# where preprocessing names a part of the one user turn a list text_input becomes; the request names it text_input[i]
+TURN_PART = "messages[0].content["
 SPEC_FINISH = {"end_id": "eos_token", STOP_STRING: "stop_sequence", "stop_words": "stop_sequence", "length": "length"}
 
 
@@ -108,7 +110,8 @@ def build_router(settings: ShimSettings) -> APIRouter:
     async def generate_stream(request: Request, model: str, body: GenerateBody) -> StreamingResponse:
         gen = prepare(model, body)
         events = Events(model, body, gen, settings.full_text_enabled)
-        pieces = await until_disconnected(request, primed(generate(request.app.state.triton, gen, [])))
+        pieces = _parts_named_as_sent(generate(request.app.state.triton, gen, []))
+        pieces = await until_disconnected(request, primed(pieces))
         return StreamingResponse(events.stream(pieces), media_type="text/event-stream")
 
     @router.post("/v2/models/{model}/generate")
@@ -119,13 +122,27 @@ def build_router(settings: ShimSettings) -> APIRouter:
 
         async def collect() -> dict:
             text, last = "", None
-            async for piece in generate(request.app.state.triton, gen, []):
+            async for piece in _parts_named_as_sent(generate(request.app.state.triton, gen, [])):
                 text, last = text + piece.text, piece
             return events.event(text, last)
 
         return JSONResponse(await until_disconnected(request, collect()))
 
     return router
+
+
+async def _parts_named_as_sent(pieces: AsyncIterator[Piece]) -> AsyncIterator[Piece]:
+    """`pieces`, an error about a part of a list text_input naming it as the request does (`text_input[1]`), not as
+    the user turn preprocessing was given (`messages[0].content[1]`)."""
+    try:
+        async with aclosing(pieces):
+            async for piece in pieces:
+                yield piece
+    except APIError as e:
+        if not (e.param or "").startswith(TURN_PART):
+            raise
+        renamed = e.message.replace(TURN_PART, "text_input[")
+        raise APIError(e.status, renamed, e.param.replace(TURN_PART, "text_input[", 1)) from e
 
 
 def _event_line(payload: dict) -> str:

@@ -196,7 +196,7 @@ class ChatMessage(BaseModel):
 def _json_or_text(text: str) -> Any:
     try:
         return json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return text
 
 

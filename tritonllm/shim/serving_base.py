@@ -207,10 +207,14 @@ class Render:
                     opened = index in choices
                     choice = choices.setdefault(index, self.new_choice())
                     choice.add(piece)
+                    opening = [] if opened else self.opening(index, choice)
                     events = self.events(index, piece, choice)
-                    for event in ([] if opened else self.opening(index, choice)) + events:
-                        if self.continuous_usage():
+                    if self.continuous_usage():
+                        for event in opening:
+                            event["usage"] = self.usage_before_tokens(choice)
+                        for event in events:
                             event["usage"] = self.usage([choice])
+                    for event in opening + events:
                         yield sse(event)
         except APIError as e:
             yield sse(e.body())
@@ -226,6 +230,12 @@ class Render:
 
     def usage(self, choices: list[Choice]) -> dict:
         return usage_of(choices)
+
+    def usage_before_tokens(self, choice: Choice) -> dict:
+        """The usage a chunk before the choice's first tokens carries (vLLM's role chunk): its prompt, no completion
+        tokens yet; the chunks that carry them count 1, 2, ..."""
+        prompt = self.usage([choice])["prompt_tokens"]
+        return {"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt}
 
     def opening(self, index: int, choice: Choice) -> list[dict]:
         """The chunks before a choice's first."""

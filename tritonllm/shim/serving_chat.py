@@ -189,10 +189,11 @@ class ChatRender(Render):
                     "message": message,
                     "logprobs": self.logprobs(choice.logprobs),
                     "finish_reason": finish,
-                    **({"token_ids": choice.token_ids} if self.body.return_token_ids else {}),
+                    # vLLM's extension fields are null when not asked for (the SDK then reads them as None)
+                    "token_ids": choice.token_ids if self.body.return_token_ids else None,
                 }
             )
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = {"prompt_logprobs": None, "prompt_token_ids": None}
         if self.body.prompt_logprobs is not None:
             extra["prompt_logprobs"] = self.body.prompt_logprobs_of(choices[0].prompt_logprobs)
         if self.body.return_token_ids:

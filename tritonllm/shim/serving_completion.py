@@ -59,8 +59,9 @@ class CompletionRender(Render):
         return [self.envelope(self.object_chunk, [out], **extra)]
 
     def vllm_extras(self, choice: Choice) -> dict:
-        """A whole choice's prompt_logprobs and token ids, where the request asked for them."""
-        extras: dict = {}
+        """A whole choice's prompt_logprobs and token ids, where the request asked for them; null where it did not,
+        as vLLM sends them (the SDK then reads them as None)."""
+        extras: dict = {"prompt_logprobs": None, "prompt_token_ids": None, "token_ids": None}
         if self.body.prompt_logprobs is not None:
             extras["prompt_logprobs"] = self.body.prompt_logprobs_of(choice.prompt_logprobs)
         if self.body.return_token_ids:

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from tritonllm.common.request_parameters import INT32_MAX, LOWEST_PRIORITY, MAX_TOP_LOG_PROBS
+from tritonllm.common.request_parameters import HIGHEST_PRIORITY, INT32_MAX, LOWEST_PRIORITY, MAX_TOP_LOG_PROBS
 from tritonllm.shim.errors import APIError
 from tritonllm.shim.triton_requests import GenerationRequest
 from tritonllm.shim.triton_responses import TokenLogprob
@@ -33,8 +33,9 @@ class VLLMFields(BaseModel):
     # SamplingParams of vLLM that the engine has
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     min_tokens: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None
-    # vLLM: lower runs earlier, 0 by default; here 1 (first) .. 5 (last, the default), 0 meaning the default
-    priority: Annotated[int, Field(ge=0, le=LOWEST_PRIORITY)] | None = None
+    # vLLM's: lower runs earlier, 0 by default (any integer); onto the engine's ranks 1 (first) .. 5 (last, the
+    # default) by 5 + priority, within them: -4 and below first, 0 and above with every request that sends none
+    priority: Annotated[int, Field(ge=-INT32_MAX, le=INT32_MAX)] | None = None
     # Changes only what a slow (Python) tokenizer decodes, in vLLM as here; every tokenizer served here is fast.
     spaces_between_special_tokens: bool | None = True
     # constrained decoding, through the engine's grammars
@@ -102,7 +103,9 @@ class VLLMFields(BaseModel):
 
     @property
     def engine_priority(self) -> int | None:
-        return self.priority or None
+        if self.priority is None:
+            return None
+        return min(max(LOWEST_PRIORITY + self.priority, HIGHEST_PRIORITY), LOWEST_PRIORITY)
 
     def vendor_guide(self) -> tuple[str, str] | None:
         """The engine guide (type, text) of the guided_* fields or structured_outputs; at most one may be given."""
@@ -139,8 +142,8 @@ class VLLMFields(BaseModel):
 def _schema(text: str, name: str) -> dict:
     try:
         schema = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise APIError(400, f"{name}: not a JSON schema ({e})", name) from e
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise APIError(400, f"{name}: not a JSON schema ({type(e).__name__}: {e})", name) from e
     if not isinstance(schema, dict):
         raise APIError(400, f"{name}: a JSON schema is an object", name)
     return schema

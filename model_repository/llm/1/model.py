@@ -77,6 +77,7 @@ class TritonPythonModel:
             self.engine,
             on_step=self.metrics.update,
             max_queue_size=config.max_queue_size,
+            max_queue_wait=config.max_queue_wait,
             nice=config.engine_nice,
         )
         # What is loaded now (the model's modules, the tokenizer: some 400,000 objects) lives as long as the

@@ -1,0 +1,126 @@
+"""Load shedding and priority through `tritonllm serve`, one sequence a step (`--max-num-seqs 1`) so that the order
+of admission is the order of first tokens. The engine is paused while the requests arrive (they wait for admission
+together), so no test depends on the machine's speed.
+
+- a request of higher priority (vLLM's field: lower runs earlier) is answered before those queued ahead of it;
+- past `--max-queue-size`, a request is shed at once with a 429 that says when to come back (`Retry-After`);
+- with `--max-queue-wait`, one that would wait longer than that behind the requests ahead of it, at the rate
+  requests have been finishing, is shed the same way instead of waiting.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from triton_helpers import pause_llm, wait_for
+
+from .conftest import running_serve
+
+QUEUE = 4
+
+
+def waiting(ports: dict) -> float:
+    text = httpx.get(f"http://127.0.0.1:{ports['--metrics-port']}/metrics", timeout=5).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("tritonllm_requests_waiting{"))
+
+
+@pytest.fixture(scope="module")
+def queue_server(tiny_model_dir, tmp_path_factory):
+    flags = ("--no-embedding", "--max-num-seqs", "1", "--max-queue-size", str(QUEUE))
+    with running_serve(tiny_model_dir, tmp_path_factory.mktemp("shed"), *flags) as ports:
+        yield ports
+
+
+@pytest.fixture(scope="module")
+def wait_server(tiny_model_dir, tmp_path_factory):
+    flags = ("--no-embedding", "--max-num-seqs", "1", "--max-queue-wait", "0.001")
+    with running_serve(tiny_model_dir, tmp_path_factory.mktemp("wait"), *flags) as ports:
+        yield ports
+
+
+def completion(priority: int | None = None, tokens: int = 4) -> dict:
+    body = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": tokens, "ignore_eos": True}
+    return body | ({"priority": priority} if priority is not None else {})
+
+
+def url(ports: dict) -> str:
+    return f"http://127.0.0.1:{ports['--shim-port']}/v1/completions"
+
+
+def grpc(ports: dict) -> str:
+    return f"127.0.0.1:{ports['--grpc-port']}"
+
+
+def test_a_higher_priority_request_is_answered_before_those_queued_ahead_of_it(queue_server):
+    firsts: list[str] = []
+    lock = threading.Lock()
+
+    def stream(name: str, priority: int) -> None:
+        body = completion(priority) | {"stream": True}
+        with httpx.stream("POST", url(queue_server), json=body, timeout=60) as response:
+            assert response.status_code == 200, response.read()
+            texts = (line for line in response.iter_lines() if line.startswith("data:") and '"text"' in line)
+            next(texts)
+            with lock:
+                firsts.append(name)
+            for _ in texts:  # the rest of the stream
+                pass
+
+    pause_llm(grpc(queue_server), True)
+    try:
+        with ThreadPoolExecutor(QUEUE) as pool:
+            lows = []
+            for i in range(QUEUE - 1):
+                lows.append(pool.submit(stream, f"low {i}", 0))
+                assert wait_for(lambda i=i: waiting(queue_server) == i + 1, timeout=30)
+            high = pool.submit(stream, "high", -4)
+            assert wait_for(lambda: waiting(queue_server) == QUEUE, timeout=30)
+            pause_llm(grpc(queue_server), False)
+            for done in [*lows, high]:
+                done.result(timeout=60)
+    finally:
+        pause_llm(grpc(queue_server), False)
+    assert firsts[0] == "high", firsts
+    assert firsts[1:] == [f"low {i}" for i in range(QUEUE - 1)]
+
+
+def test_past_the_queue_size_a_request_is_shed_at_once_saying_when_to_come_back(queue_server):
+    pause_llm(grpc(queue_server), True)
+    try:
+        with ThreadPoolExecutor(QUEUE) as pool:
+            queued = [pool.submit(httpx.post, url(queue_server), json=completion(), timeout=60) for _ in range(QUEUE)]
+            assert wait_for(lambda: waiting(queue_server) == QUEUE, timeout=30)
+            shed = httpx.post(url(queue_server), json=completion(), timeout=10)
+            pause_llm(grpc(queue_server), False)
+            assert all(r.result(timeout=60).status_code == 200 for r in queued)
+    finally:
+        pause_llm(grpc(queue_server), False)
+    assert shed.status_code == 429, shed.text
+    assert int(shed.headers["Retry-After"]) >= 1
+    error = shed.json()["error"]
+    assert error["param"] == "max_queue_size" and "overloaded" in error["message"], error
+
+
+def test_a_request_that_would_wait_too_long_is_shed_at_once(wait_server):
+    for _ in range(3):  # finished requests: the rate the wait is judged by
+        assert httpx.post(url(wait_server), json=completion(), timeout=60).status_code == 200
+    pause_llm(grpc(wait_server), True)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(httpx.post, url(wait_server), json=completion(), timeout=60)
+            assert wait_for(lambda: waiting(wait_server) == 1, timeout=30)
+            shed = httpx.post(url(wait_server), json=completion(), timeout=10)
+            urgent = pool.submit(httpx.post, url(wait_server), json=completion(priority=-4), timeout=60)
+            assert wait_for(lambda: waiting(wait_server) == 2, timeout=30)  # nothing of its rank ahead of it
+            pause_llm(grpc(wait_server), False)
+            assert first.result(timeout=60).status_code == 200
+            assert urgent.result(timeout=60).status_code == 200
+    finally:
+        pause_llm(grpc(wait_server), False)
+    assert shed.status_code == 429, shed.text
+    assert int(shed.headers["Retry-After"]) >= 1
+    error = shed.json()["error"]
+    assert error["param"] == "max_queue_wait" and "ahead" in error["message"], error
