@@ -149,6 +149,20 @@ def test_end_to_end_grpc_client_reads_text_output_beams_and_gets_greedy_text(tri
     )
 
 
+@pytest.mark.parametrize("streaming", [True, False])
+def test_end_to_end_grpc_client_with_an_end_id_gets_the_text_before_it(triton, greedy, tokenizer, streaming):
+    """end_to_end_grpc_client.py --end-id: TensorRT-LLM's text leaves out the end token that ended it, whatever token
+    it is (here one the greedy text holds, not a special one that decoding would skip anyway)."""
+    prompt_ids, expected = greedy
+    end_id = expected[4]
+    inputs = [*e2e_grpc_client_inputs(PROMPT, 12, streaming, exclude_input=True), tensor("end_id", [[end_id]], "INT32")]
+    with grpcclient.InferenceServerClient(triton.grpc_url) as client:
+        responses = read_stream(client, "ensemble", inputs)
+    text = "".join(r.as_numpy("text_output")[0].decode() for r in responses)
+    assert text == tokenizer.decode(expected[: expected.index(end_id)], skip_special_tokens=True)
+    assert responses[-1].as_numpy("finish_reason").reshape(-1)[0] == b"end_id"
+
+
 def test_end_to_end_grpc_clients_batch_inputs_answer_each_prompt_with_its_batch_index(triton, hf_model, tokenizer):
     """--batch-inputs: its single-prompt tensors stacked along the batch dimension into one request."""
     prompts = [PROMPT, "The quick brown fox"]
@@ -196,14 +210,17 @@ def test_a_stop_request_ends_a_generation_as_inflight_batcher_clients_stop_after
             tensor("stop", [[True]], "BOOL"),
         ]
         client.async_stream_infer("tensorrt_llm", stop, request_id="long")
-        tokens = 0
-        while True:
+        tokens, cancelled, stop_answered = 0, False, False
+        while not (cancelled and stop_answered):
             result = got.get(timeout=60)
             assert not isinstance(result, Exception), result
-            if result.as_numpy("finish_reason") is not None and result.as_numpy("finish_reason")[0][0]:
+            if result.as_numpy("output_ids") is None:  # the client prints "Got cancellation response from server"
+                stop_answered = True
+            elif result.as_numpy("finish_reason") is not None and result.as_numpy("finish_reason")[0][0]:
                 assert result.as_numpy("finish_reason")[0][0] == b"cancelled"
-                break
-            tokens += 0 if result.as_numpy("output_ids") is None else result.as_numpy("output_ids").size
+                cancelled = True
+            else:
+                tokens += result.as_numpy("output_ids").size
         client.stop_stream()
     assert tokens < 1900
 

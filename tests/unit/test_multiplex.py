@@ -21,6 +21,7 @@ def _response(new: list[int], preceding: list[int], index: int, reason: bytes = 
         "queue_wait_us": np.array([[1234]], dtype=np.int64),
         "sequence_index": np.array([[index]], dtype=np.int32),
         "stop_token": np.array([[-1]], dtype=np.int32),
+        "end_id": np.array([[2]], dtype=np.int32),
         "skip_special_tokens": np.array([[True]]),
         "accepted_prediction_tokens": np.array([[0]], dtype=np.int32),
         "rejected_prediction_tokens": np.array([[0]], dtype=np.int32),

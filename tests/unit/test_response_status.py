@@ -17,6 +17,7 @@ def named(reason: bytes, lengths: list[int]) -> dict[str, np.ndarray]:
         "queue_wait_us": np.array([[2**40]], dtype=np.int64),
         "sequence_index": np.array([[3]], dtype=np.int32),
         "stop_token": np.array([[-1]], dtype=np.int32),
+        "end_id": np.array([[2]], dtype=np.int32),
         "skip_special_tokens": np.array([[False]]),
         "accepted_prediction_tokens": np.array([[12]], dtype=np.int32),
         "rejected_prediction_tokens": np.array([[5]], dtype=np.int32),

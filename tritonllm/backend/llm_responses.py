@@ -227,6 +227,7 @@ class Responder:
             "queue_wait_us": np.array([[int(seq.queue_wait() * 1e6)]], dtype=np.int64),
             "accepted_prediction_tokens": np.array([[seq.speculation.accepted_prediction_tokens]], dtype=np.int32),
             "rejected_prediction_tokens": np.array([[seq.rejected_prediction_tokens]], dtype=np.int32),
+            "end_id": np.array([[seq.params.end_id]], dtype=np.int32),
             **self.detokenizing,
             **({} if self.batch_index is None else {"batch_index": np.array([[self.batch_index]], dtype=np.int32)}),
         }

@@ -63,10 +63,19 @@ def postprocess(tokenizer, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarra
     beams = inputs["output_ids"][0]  # [beam, tokens]
     lengths = status["sequence_length"][0].tolist()
     preceding = inputs["preceding_ids"][0].tolist()
-    final = bool(status["finish_reason"].reshape(-1)[0])
+    reason = status["finish_reason"].reshape(-1)[0]
+    final = bool(reason)
     skip = bool(status["skip_special_tokens"].reshape(-1)[0])
+    # TensorRT-LLM's text leaves out the end token that ended a generation (its sequence_length does not count it),
+    # whatever token end_id names; the ids and the counts keep it
+    end_id = int(status["end_id"].reshape(-1)[0]) if reason == b"end_id" else None
+
+    def said(beam: np.ndarray, n: int) -> list[int]:
+        ids = beam[:n].tolist()
+        return ids[:-1] if end_id is not None and ids and ids[-1] == end_id else ids
+
     texts = [
-        text_increment(tokenizer, preceding, beam[:n].tolist(), final, skip)
+        text_increment(tokenizer, preceding, said(beam, n), final, skip)
         for beam, n in zip(beams, lengths, strict=False)
     ]
     ids = beams[0][: lengths[0]].tolist()

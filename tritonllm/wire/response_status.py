@@ -19,6 +19,7 @@ FIELDS = (
     ("queue_wait_us", np.int64),
     ("sequence_index", np.int32),
     ("stop_token", np.int32),
+    ("end_id", np.int32),  # the request's end token (-1: none): the text leaves it out where it ended a generation
     ("skip_special_tokens", np.bool_),
     ("accepted_prediction_tokens", np.int32),
     ("rejected_prediction_tokens", np.int32),

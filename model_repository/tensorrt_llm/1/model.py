@@ -87,6 +87,7 @@ class TritonPythonModel:
             request_id=request_id,
         )
         answered = False  # its last answer went out
+        control = "stop" in row or "pause" in row
         try:
             for response in llm_request.exec(decoupled=True):
                 if response.has_error():
@@ -94,7 +95,11 @@ class TritonPythonModel:
                     ending.send(pb_utils.InferenceResponse(error=response.error()), last=True)
                     return
                 arrays = {t.name(): t.as_numpy() for t in response.output_tensors()}
-                if "finish_reason" not in arrays:  # an empty FINAL, or a control request's answer
+                if "finish_reason" not in arrays and control:  # TensorRT-LLM answers a stop with no outputs
+                    answered = True
+                    ending.send(pb_utils.InferenceResponse(output_tensors=[]), last=True)
+                    return
+                if "finish_reason" not in arrays:  # an empty FINAL
                     continue
                 answer = generation.response(arrays)
                 answered = generation.done
