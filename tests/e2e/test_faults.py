@@ -52,3 +52,27 @@ def test_a_part_killed_mid_stream(tiny_model_dir, tmp_path, victim, reason, noti
         assert wait_for(lambda: httpx.get(f"{shim}/health").status_code == 200, timeout=300, interval=0.5)
         again = httpx.post(f"{shim}/v1/completions", json={**body, "stream": False, "max_tokens": 2}, timeout=60)
         assert again.status_code == 200 and again.json()["usage"]["completion_tokens"] == 2
+
+
+def kernel_log() -> str:
+    """The kernel's ring buffer, where a process's segfault is logged; a test that needs it fails without it."""
+    import subprocess
+
+    read = subprocess.run(["dmesg"], capture_output=True, text=True)
+    assert read.returncode == 0, f"the kernel log is unreadable here (dmesg: {read.stderr.strip()})"
+    return read.stdout
+
+
+def test_a_stop_ends_every_stub_without_a_crash(tiny_model_dir, tmp_path):
+    """Every model's stub ends cleanly at a stop: none leaves a segfault in the kernel log (the llm's did at every
+    stop, deleting its metrics after the stub's shared memory was gone)."""
+    with running_serve(tiny_model_dir, tmp_path) as ports:
+        shim = f"http://127.0.0.1:{ports['--shim-port']}"
+        body = {"model": "tiny", "prompt": "Hi", "max_tokens": 8}
+        assert httpx.post(f"{shim}/v1/completions", json=body, timeout=60).status_code == 200
+        assert httpx.post(f"{shim}/v1/embeddings", json={"input": "Hi"}, timeout=60).status_code == 200
+        stubs = [p for p in psutil.Process(ports["pid"]).children(recursive=True) if "_stub" in p.name()]
+        assert len(stubs) >= 5, stubs
+    psutil.wait_procs(stubs, timeout=30)
+    crashed = [p.pid for p in stubs if f"[{p.pid}]: segfault" in kernel_log()]
+    assert not crashed, [line for line in kernel_log().splitlines() if "segfault" in line][-len(crashed) :]
