@@ -11,6 +11,7 @@ onto one channel of its own (tritonllm/wire/multiplex.py).
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import gc
 import logging
 import time
@@ -45,6 +46,7 @@ log = logging.getLogger("tritonllm.llm")
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
+        faulthandler.enable()  # a crash of the engine's process leaves every thread's Python stack in Triton's log
         params = ModelParameters(args)
         model_dir = language_model_dir(params.model_dir())  # a multimodal model's: its language model alone
         source = gguf.source_file(model_dir)
