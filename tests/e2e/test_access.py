@@ -46,6 +46,11 @@ def test_the_api_key_guards_every_port(tiny_model_dir, tmp_path):
         assert httpx.post(f"{shim}/v1/completions", json=completion).status_code == 401
         served = httpx.post(f"{shim}/v1/completions", json=completion, headers={"Authorization": f"Bearer {KEY}"})
         assert served.status_code == 200 and served.json()["usage"]["completion_tokens"] == 3
+        message = {"model": "tiny", "max_tokens": 3, "messages": [{"role": "user", "content": "Hi"}]}
+        refused = httpx.post(f"{shim}/v1/messages", json=message, headers={"x-api-key": "wrong"})
+        assert refused.status_code == 401 and refused.json()["error"]["type"] == "authentication_error"
+        answered = httpx.post(f"{shim}/v1/messages", json=message, headers={"x-api-key": KEY})  # Anthropic's header
+        assert answered.status_code == 200 and answered.json()["usage"]["output_tokens"] == 3
         icon = httpx.get(f"{shim}/favicon.ico")  # the page's icon, like the page, without the key
         assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/"), icon.text
 

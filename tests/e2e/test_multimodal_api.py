@@ -88,6 +88,27 @@ def test_openai_sdk_sends_a_base64_image(serve, reference):
     assert whole.usage.prompt_tokens > 16  # the image's 16 tokens are prompt tokens
 
 
+def test_anthropic_sdk_sends_an_image_by_base64_and_by_url(serve, reference, loopback_files):
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=serve, api_key="none", max_retries=0)
+    image = png(0)
+    sources = [
+        ({"type": "base64", "media_type": "image/png", "data": base64.b64encode(image).decode()}, image),
+        ({"type": "url", "url": f"{loopback_files}/picture.png"}, png(7)),
+    ]
+    for source, pixels in sources:
+        content = [{"type": "image", "source": source}, {"type": "text", "text": QUESTION}]
+        message = client.messages.create(
+            model="llava",
+            max_tokens=TOKENS,
+            messages=[{"role": "user", "content": content}],
+            extra_body={"temperature": 0},
+        )
+        assert message.content[0].text == reference.text([pixels, QUESTION], TOKENS)
+        assert message.usage.input_tokens > 16  # the image's 16 tokens are prompt tokens
+
+
 def test_openai_sdk_sends_an_image_url(serve, reference, loopback_files):
     import openai
 

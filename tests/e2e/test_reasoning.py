@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import anthropic
 import openai
 import pytest
 from thinking_models import thinking_model
@@ -163,6 +164,28 @@ def test_the_responses_api_gives_a_reasoning_item_before_the_message(served):
     thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
     assert thought == chat.model_extra["reasoning_content"]
     assert events[-1].response.output[0].content[0].text == thought
+
+
+def test_anthropics_messages_api_gives_a_thinking_block_before_the_text(served):
+    chat = served.chat(served.regex()).choices[0].message
+    client = anthropic.Anthropic(base_url=str(served.guided.base_url).removesuffix("/v1/"), api_key="-", max_retries=0)
+    ask = {
+        "model": served.model,
+        "max_tokens": 60,
+        "messages": ASK,
+        "thinking": {"type": "adaptive"},
+        "extra_body": {"temperature": 0, "guided_regex": served.regex()},
+    }
+    message = client.messages.create(**ask)
+    assert [block.type for block in message.content] == ["thinking", "text"]
+    assert message.content[0].thinking == chat.model_extra["reasoning_content"]
+    assert message.content[1].text == chat.content
+    with client.messages.stream(**ask) as stream:
+        events = list(stream)
+    thought = "".join(
+        e.delta.thinking for e in events if e.type == "content_block_delta" and e.delta.type == "thinking_delta"
+    )
+    assert thought == chat.model_extra["reasoning_content"]
 
 
 def test_max_thinking_tokens_forces_the_closing_tag_and_the_answer_follows(served):

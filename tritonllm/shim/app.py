@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tritonllm.shim import (
+    anthropic_api,
     chat_route,
     embeddings_api,
     generate_api,
@@ -59,13 +60,14 @@ def create_app(settings: ShimSettings, unavailable: Callable[[], str | None] | N
     if unavailable is not None:
         app.add_middleware(WhileUnavailable, reason=unavailable)
     if settings.api_key:
-        app.add_middleware(RequireAPIKey, expected=f"Bearer {settings.api_key}".encode())
+        app.add_middleware(RequireAPIKey, key=settings.api_key.encode())
     app.add_middleware(IgnoredFieldsHeader)
     metrics.install(app)
     app.include_router(openai_api.build_router(settings))
     app.include_router(embeddings_api.build_router(settings))
     app.include_router(generate_api.build_router(settings))
     app.include_router(responses_api.build_router(settings))
+    app.include_router(anthropic_api.build_router(settings))
     app.include_router(rerank_api.build_router(settings))
     app.include_router(tokenize_api.build_router(settings))
     if settings.models_max is not None:
@@ -98,24 +100,29 @@ class WhileUnavailable:
         if reason is not None:
             body = {"status": "unavailable", "reason": reason} if scope["path"] == "/health" else None
             error = APIError(503, reason)
-            await JSONResponse(body or error.body(), status_code=503, headers=error.headers())(scope, receive, send)
+            answer = (
+                JSONResponse(body, status_code=503, headers=error.headers()) if body else error.response(scope["path"])
+            )
+            await answer(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
 
 class RequireAPIKey:
-    """Refuses every route but /health and the chat page's files without `Authorization: Bearer <key>`. Plain
-    ASGI: Starlette's @app.middleware wraps each streamed chunk in a task and a memory stream of its own."""
+    """Refuses every route but /health and the chat page's files without the key, as `Authorization: Bearer <key>`
+    (OpenAI's clients) or `x-api-key: <key>` (Anthropic's). Plain ASGI: Starlette's @app.middleware wraps each
+    streamed chunk in a task and a memory stream of its own."""
 
-    def __init__(self, app: ASGIApp, expected: bytes) -> None:
+    def __init__(self, app: ASGIApp, key: bytes) -> None:
         self.app = app
-        self.expected = expected
+        self.key = key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] != "/health" and not chat_route.is_page(scope["path"]):
-            given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
-            if not hmac.compare_digest(given, self.expected):
-                error = APIError(401, "a valid API key is required: Authorization: Bearer <key>")
-                await JSONResponse(error.body(), status_code=401)(scope, receive, send)
+            headers = dict(scope["headers"])
+            bearer = hmac.compare_digest(headers.get(b"authorization", b""), b"Bearer " + self.key)
+            if not (bearer or hmac.compare_digest(headers.get(b"x-api-key", b""), self.key)):
+                error = APIError(401, "a valid API key is required: Authorization: Bearer <key>, or x-api-key")
+                await error.response(scope["path"])(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -66,26 +66,46 @@ class APIError(Exception):
         kind = _TYPES.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error")
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status}}
 
+    def anthropic_body(self) -> dict:
+        kind = _ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
 
-async def api_error_handler(_: Request, exc: APIError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
+    def response(self, path: str, headers: dict[str, str] | None = None) -> JSONResponse:
+        """The error as the route at `path` answers it: Anthropic's shape under /v1/messages, OpenAI's elsewhere."""
+        body = self.anthropic_body() if path.startswith(ANTHROPIC_ROUTES) else self.body()
+        return JSONResponse(body, status_code=self.status, headers={**(headers or {}), **(self.headers() or {})})
+
+
+ANTHROPIC_ROUTES = "/v1/messages"
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+async def api_error_handler(request: Request, exc: APIError) -> JSONResponse:
+    return exc.response(request.url.path)
 
 
 async def internal_error_handler(request: Request, exc: Exception) -> JSONResponse:
     """A bug in the shim: logged with its traceback under an id of its own, answered 500 naming that id."""
     request_id = uuid.uuid4().hex
     log.error("internal error serving %s %s (request %s)", request.method, request.url.path, request_id, exc_info=exc)
-    return JSONResponse(APIError.internal(request_id).body(), status_code=500)
+    return APIError.internal(request_id).response(request.url.path)
 
 
-async def http_error_handler(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-    """Starlette's own answers (no such route 404, wrong method 405) in OpenAI's error shape."""
-    return JSONResponse(
-        APIError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code, headers=exc.headers
-    )
+async def http_error_handler(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Starlette's own answers (no such route 404, wrong method 405) in the route's error shape."""
+    return APIError(exc.status_code, str(exc.detail)).response(request.url.path, exc.headers)
 
 
-async def validation_error_handler(_: Request, exc: RequestValidationError) -> JSONResponse:
+async def validation_error_handler(request: Request, exc: RequestValidationError) -> JSONResponse:
     """Pydantic errors become 400s whose message names each offending field."""
     problems, first = [], None
     for err in exc.errors():
@@ -93,7 +113,7 @@ async def validation_error_handler(_: Request, exc: RequestValidationError) -> J
         name = ".".join(loc) or "body"
         first = first or name
         problems.append(f"{name}: {err.get('msg', 'invalid')}")
-    return JSONResponse(APIError(400, "; ".join(problems), first).body(), status_code=400)
+    return APIError(400, "; ".join(problems), first).response(request.url.path)
 
 
 M = TypeVar("M", bound=BaseModel)

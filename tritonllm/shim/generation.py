@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TypeVar
 
 from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from tritonllm.shim.errors import APIError
 from tritonllm.shim.triton_client import TritonLLMClient
@@ -101,3 +102,26 @@ async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
         if await request.is_disconnected():
             task.cancel()
             raise APIError(499, "client closed the request")
+
+
+async def answer(
+    request: Request,
+    pieces: AsyncIterator[Piece],
+    stream: bool,
+    events: Callable[[AsyncIterator[Piece]], AsyncIterator[str]],
+    feed: Callable[[Piece], object],
+    built: Callable[[], dict],
+) -> StreamingResponse | JSONResponse:
+    """A route's answer to one generation, from a builder of its API's shapes: the builder's event stream of the
+    pieces (`events`), or the object it built (`built`) once fed every piece (`feed`)."""
+    if stream:
+        pieces = await until_disconnected(request, primed(pieces))
+        return StreamingResponse(events(pieces), media_type="text/event-stream")
+
+    async def whole() -> dict:
+        async with aclosing(pieces):
+            async for piece in pieces:
+                feed(piece)
+        return built()
+
+    return JSONResponse(await until_disconnected(request, whole()))

@@ -18,19 +18,16 @@ from contextlib import aclosing
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tritonllm.shim.answer_parts import AnswerParts
 from tritonllm.shim.errors import APIError, json_body
-from tritonllm.shim.generation import Piece, generate, primed, until_disconnected
+from tritonllm.shim.generation import Piece, answer, generate
 from tritonllm.shim.openai_protocol import INT32_MAX, ChatRequest
 from tritonllm.shim.serving_chat import chat_generation
 from tritonllm.shim.settings import ShimSettings
 from tritonllm.shim.triton_responses import TokenLogprob
 from tritonllm.shim.vllm_fields import VLLMFields
-from tritonllm.tokenizer import reasoning
-from tritonllm.tokenizer.reasoning import ThinkingSplit
-from tritonllm.tokenizer.tool_calls import FORMATS, ToolCallParser
 
 LOGPROBS = "message.output_text.logprobs"  # the `include` entry that asks for the output's log-probabilities
 ROLES = ("user", "assistant", "system", "developer")
@@ -224,17 +221,7 @@ def build_router(settings: ShimSettings) -> APIRouter:
         builder = ResponseBuilder(body, chat, served.settings)
         pieces = generate(request.app.state.triton, gen, [])
         try:
-            if body.stream:
-                pieces = await until_disconnected(request, primed(pieces))
-                return StreamingResponse(builder.stream(pieces), media_type="text/event-stream")
-
-            async def whole() -> dict:
-                async with aclosing(pieces):
-                    async for piece in pieces:
-                        builder.events(piece)
-                return builder.response()
-
-            return JSONResponse(await until_disconnected(request, whole()))
+            return await answer(request, pieces, bool(body.stream), builder.stream, builder.events, builder.response)
         except APIError as e:
             if e.param == "max_tokens":  # this API's name for it
                 raise APIError(
@@ -257,9 +244,7 @@ class ResponseBuilder:
         self.error: dict | None = None
         self.logprobs = bool(chat.logprobs)
         max_calls = 1 if chat.parallel_tool_calls is False else body.max_tool_calls
-        self.parser = ToolCallParser(FORMATS[settings.tool_call_parser], max_calls) if chat.tools_active() else None
-        starts_inside = reasoning.answer_starts_inside(settings.reasoning_parser, chat.chat_template_kwargs)
-        self.thinking = None if starts_inside is None else ThinkingSplit(starts_inside)
+        self.parts = AnswerParts(chat, settings, max_calls)
         self.output: list[dict] = []
         self.open: dict | None = None  # the output item still being written
         self.sequence = 0
@@ -317,18 +302,9 @@ class ResponseBuilder:
     def events(self, piece: Piece) -> list[dict]:
         """The events of one piece; the last piece also closes the open item and sets the status and usage."""
         events: list[dict] = []
-        thought, text, calls = "", piece.text, []
-        if self.thinking is not None:
-            delta = piece.delta
-            final = bool(piece.finish_reason)
-            thought, text = self.thinking.feed(piece.text, delta.token_texts, delta.num_tokens, final)
+        thought, text, calls = self.parts.split(piece)
         if thought:
             events += self._reasoning(thought)
-        if self.parser is not None:
-            text, calls = self.parser.feed(text)
-            if piece.finish_reason:
-                rest, more = self.parser.finish(cut_off=piece.finish_reason == "length")
-                text, calls = text + rest, calls + more
         if text:
             events += self._text(text, piece.delta.logprobs if self.logprobs else [])
         for delta in calls:
@@ -336,12 +312,12 @@ class ResponseBuilder:
         if piece.finish_reason:
             self.status = "incomplete" if piece.finish_reason == "length" else "completed"
             events += self._close()
-            delta = piece.delta
+            delta, thinking = piece.delta, self.parts.thinking
             self.usage = {
                 "input_tokens": delta.num_input_tokens,
                 "input_tokens_details": {"cached_tokens": 0},
                 "output_tokens": delta.num_output_tokens,
-                "output_tokens_details": {"reasoning_tokens": self.thinking.reasoning_tokens if self.thinking else 0},
+                "output_tokens_details": {"reasoning_tokens": thinking.reasoning_tokens if thinking else 0},
                 "total_tokens": delta.num_input_tokens + delta.num_output_tokens,
             }
         return events
