@@ -56,6 +56,8 @@ def running_serve(
     listeners = ("--http-port", "--grpc-port", "--metrics-port", "--shim-port")
     ports = dict(zip(listeners, free_ports(len(listeners)), strict=True))
     command = [str(Path(sys.executable).parent / "tritonllm"), "serve", "--model-dir", str(model_dir), *flags]
+    if "--batch-dir" not in flags:  # not the user's cache: a batch left there would be taken up by every start
+        command += ["--batch-dir", str(log_dir / "batches")]
     command += [str(v) for pair in ports.items() for v in pair]
     log_path = log_dir / "serve.log"
     with log_path.open("w") as log:

@@ -10,10 +10,12 @@ together), so no test depends on the machine's speed.
 
 from __future__ import annotations
 
+import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import openai
 import pytest
 from triton_helpers import pause_llm, wait_for
 
@@ -124,3 +126,28 @@ def test_a_request_that_would_wait_too_long_is_shed_at_once(wait_server):
     assert int(shed.headers["Retry-After"]) >= 1
     error = shed.json()["error"]
     assert error["param"] == "max_queue_wait" and "ahead" in error["message"], error
+
+
+def test_a_batch_running_does_not_hold_up_a_chat(queue_server):
+    """Batch lines wait behind every client's request: queued first, they are admitted after a chat sent later."""
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{queue_server['--shim-port']}/v1", api_key="-", max_retries=0)
+    lines = [
+        {"custom_id": f"b{i}", "method": "POST", "url": "/v1/completions", "body": completion(tokens=200)}
+        for i in range(QUEUE - 1)
+    ]
+    requests = "\n".join(json.dumps(item) for item in lines).encode()
+    pause_llm(grpc(queue_server), True)
+    try:
+        file_id = client.files.create(file=("lines.jsonl", requests), purpose="batch").id
+        batch = client.batches.create(input_file_id=file_id, endpoint="/v1/completions", completion_window="24h")
+        assert wait_for(lambda: waiting(queue_server) == QUEUE - 1, timeout=30)
+        with ThreadPoolExecutor(1) as pool:
+            chat = pool.submit(httpx.post, url(queue_server), json=completion(), timeout=60)
+            assert wait_for(lambda: waiting(queue_server) == QUEUE, timeout=30)
+            pause_llm(grpc(queue_server), False)
+            assert chat.result(timeout=60).status_code == 200
+        # the chat's 4 tokens are done before the first batch line's 200: none is answered yet
+        assert client.batches.retrieve(batch.id).request_counts.completed == 0
+    finally:
+        pause_llm(grpc(queue_server), False)
+    assert wait_for(lambda: client.batches.retrieve(batch.id).status == "completed", timeout=120)

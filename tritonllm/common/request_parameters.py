@@ -34,6 +34,7 @@ MAX_SAMPLES = 64
 MAX_TOP_LOG_PROBS = 20
 HIGHEST_PRIORITY, LOWEST_PRIORITY = 1, 5
 DEFAULT_PRIORITY = LOWEST_PRIORITY  # as the generate_stream spec
+BACKGROUND_PRIORITY = LOWEST_PRIORITY + 1  # below every client's request: the Batch API's lines
 # early_stopping values -> transformers' setting (see engine/beam_search.py)
 EARLY_STOPPING = {1: True, 0: False, -1: "never"}
 
@@ -146,7 +147,7 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("skip_special_tokens", "BOOL", "handed through to the detokenizer (postprocessing)", True,
               field="skip_special_tokens"),
     Parameter("priority", "INT32", "admission order, and who is preempted first", DEFAULT_PRIORITY,
-              within(HIGHEST_PRIORITY, LOWEST_PRIORITY, note="1 highest"), field="priority"),
+              within(HIGHEST_PRIORITY, BACKGROUND_PRIORITY, note="1 highest; 6 background"), field="priority"),
     Parameter("timeout_ms", "INT32", "the request ends with finish_reason timeout this long after it arrived "
               "(else at Triton's request timeout)", None, above(0), field="timeout_ms"),
     Parameter("prompt_vocab_size", "INT32", "p-tuning: the rows of prompt_embedding_table in use (default: "

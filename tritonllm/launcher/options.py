@@ -8,6 +8,7 @@ import os
 from tritonllm.engine.config import EngineConfig, kind_of
 from tritonllm.launcher.defaults import API_KEY_ENV, THROUGH_ENSEMBLE_ENV
 from tritonllm.media.kinds import MAX_IMAGE_PIXELS
+from tritonllm.shim.batch_store import DEFAULT_BATCH_DIR
 from tritonllm.tokenizer import reasoning
 from tritonllm.tokenizer.tool_calls import FORMATS
 
@@ -121,7 +122,14 @@ def add_access_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--api-key",
         default=os.environ.get(API_KEY_ENV) or None,
-        help=f"require `Authorization: Bearer KEY` on every shim route but /health (default: ${API_KEY_ENV})",
+        help=f"require the key (`Authorization: Bearer KEY`, or `x-api-key`) on every shim route but /health "
+        f"(default: ${API_KEY_ENV})",
+    )
+    p.add_argument(
+        "--batch-dir",
+        default=str(DEFAULT_BATCH_DIR),
+        help="where the Batch API keeps its files, jobs and their progress (SQLite), so that a job outlives a "
+        "restart (default: %(default)s)",
     )
     p.add_argument(
         "--lora-modules",

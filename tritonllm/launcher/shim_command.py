@@ -77,6 +77,7 @@ def shim_settings(args: argparse.Namespace, **where):
         trust_request_chat_template=args.trust_request_chat_template,
         strict_request_fields=args.strict_request_fields,
         api_key=args.api_key,
+        batch_dir=args.batch_dir,
         through_ensemble=args.through_ensemble,
         lora_modules=tuple(args.lora_modules),
         allow_runtime_lora=args.allow_runtime_lora,

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hmac
+import tempfile
 from collections.abc import Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -14,6 +17,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tritonllm.shim import (
     anthropic_api,
+    batch_api,
     chat_route,
     embeddings_api,
     generate_api,
@@ -26,6 +30,8 @@ from tritonllm.shim import (
     responses_api,
     tokenize_api,
 )
+from tritonllm.shim.batch_runner import BatchRunner
+from tritonllm.shim.batch_store import BatchStore
 from tritonllm.shim.errors import (
     UNAVAILABLE_RETRY_AFTER_S,
     APIError,
@@ -46,10 +52,17 @@ def create_app(settings: ShimSettings, unavailable: Callable[[], str | None] | N
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.triton = ModelPool(settings)
-        try:
-            yield
-        finally:
-            await app.state.triton.close()
+        with contextlib.ExitStack() as temporary:
+            folder = settings.batch_dir or temporary.enter_context(tempfile.TemporaryDirectory(prefix="batches-"))
+            app.state.batch_store = BatchStore(Path(folder))
+            app.state.batch_runner = BatchRunner(app.state.batch_store, app, settings.api_key)
+            app.state.batch_runner.resume()
+            try:
+                yield
+            finally:
+                await app.state.batch_runner.close()
+                app.state.batch_store.close()
+                await app.state.triton.close()
 
     app = FastAPI(title="tritonllm shim", lifespan=lifespan)
     app.state.strict_request_fields = settings.strict_request_fields
@@ -68,6 +81,7 @@ def create_app(settings: ShimSettings, unavailable: Callable[[], str | None] | N
     app.include_router(generate_api.build_router(settings))
     app.include_router(responses_api.build_router(settings))
     app.include_router(anthropic_api.build_router(settings))
+    app.include_router(batch_api.build_router())
     app.include_router(rerank_api.build_router(settings))
     app.include_router(tokenize_api.build_router(settings))
     if settings.models_max is not None:

@@ -12,6 +12,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from tritonllm.common.request_parameters import BACKGROUND_PRIORITY
+from tritonllm.shim.batch_runner import BACKGROUND
 from tritonllm.shim.errors import APIError, json_body
 from tritonllm.shim.generation import primed, until_disconnected
 from tritonllm.shim.openai_protocol import ChatRequest, CompletionRequest, SamplingFields
@@ -37,6 +39,9 @@ def build_router(settings: ShimSettings) -> APIRouter:
 
     async def run(request: Request, body: SamplingFields, gens: list[GenerationRequest], render: Render) -> Any:
         client = request.app.state.triton
+        if getattr(request.state, BACKGROUND, False):  # a Batch API line: after every client's request
+            for gen in gens:
+                gen.priority = BACKGROUND_PRIORITY
         include = bool(body.include_stop_str_in_output)
         per = gens[0].num_samples
         if body.stream and not render.whole_only:

@@ -71,6 +71,9 @@ class ShimSettings:
     # the shim's generations through the `ensemble` rather than preprocessing and llm directly (direct_route.py)
     through_ensemble: bool = False
     api_key: str | None = None  # when set, every route but /health needs `Authorization: Bearer <api_key>`
+    # the Batch API's database: its files, jobs and their progress (None: a temporary folder, gone at the stop;
+    # the command line's default is a folder under the user's cache)
+    batch_dir: str | None = None
     # LoRA adapters served by name (vLLM's --lora-modules: name=path of a PEFT folder), and whether
     # /v1/load_lora_adapter and /v1/unload_lora_adapter may change them at run time
     lora_modules: tuple[str, ...] = ()
