@@ -18,7 +18,7 @@ from tritonllm.backend.coalesce import PendingResponse, coalesce
 from tritonllm.backend.stream_interval import StreamInterval
 from tritonllm.engine import inference_request
 from tritonllm.engine.logits_processors import matched_word
-from tritonllm.engine.sequence import FinishReason
+from tritonllm.engine.sequence import Sequence
 from tritonllm.tokenizer.detokenizer import CONTEXT_TOKENS
 from tritonllm.wire import multiplex, response_status
 
@@ -106,7 +106,7 @@ class Channel:
     sender: object
     wanted: frozenset[str]
     responses: ResponseQueue
-    on_finished: Callable[[FinishReason], None]
+    on_finished: Callable[[Sequence], None]  # the metrics' count, and the spans of a traced request
     mux: tuple[object, str] | None = None  # a multiplexed channel's sender and the request's id
 
 
@@ -176,7 +176,7 @@ class Responder:
         if self.perf_metrics:  # in every response, as TensorRT-LLM's: its streaming clients read each
             arrays.update(perf_metrics(seq))
         if out.finished:
-            self.channel.on_finished(seq.finish_reason)
+            self.channel.on_finished(seq)
             self.group.unfinished -= 1
         # a stream's queued responses may merge; the rows and samples of one request are streams of their own
         stream_key = (id(self.channel.sender), self.batch_index, seq.sample_index) if self.streaming else None
@@ -210,7 +210,7 @@ class Responder:
             arrays["context_logits"] = torch.stack(seq.recorded.context_logits).numpy()[None]
         if self.perf_metrics:
             arrays.update(perf_metrics(seq))
-        self.channel.on_finished(seq.finish_reason)
+        self.channel.on_finished(seq)
         self._put(arrays, final=True)
 
     def _put(self, arrays: dict[str, np.ndarray], final: bool, stream_key=None) -> None:

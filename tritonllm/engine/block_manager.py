@@ -122,6 +122,7 @@ class BlockManager:
         seq.block_hashes = [self._hash_of[b] for b in blocks]
         seq.num_computed = len(blocks) * self.block_size
         seq.counts.reused_blocks = len(blocks)
+        seq.counts.cached_tokens = seq.num_computed
         self.prefix_queried_tokens += len(seq.token_ids)
         self.prefix_hit_tokens += seq.num_computed
 

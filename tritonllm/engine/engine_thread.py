@@ -96,7 +96,8 @@ class EngineThread:
         self.max_queue_size = max_queue_size  # 0: unbounded
         self.max_queue_wait = max_queue_wait  # seconds; 0: unbounded
         self.finishes = FinishRate()
-        # priorities of the sequences handed over but not yet taken in (the inbox cannot be looked into)
+        # with max_queue_wait, the priorities of the sequences handed over but not yet taken in (the inbox cannot be
+        # looked into)
         self._handed: Counter[int] = Counter()
         self._handed_lock = threading.Lock()
         # Every probe costs the server CPU that the forward pass needs too, so a sweep runs this often (seconds).
@@ -132,8 +133,16 @@ class EngineThread:
                 f"overloaded: {queued} requests queued (max_queue_size={self.max_queue_size}); retry later",
                 math.ceil(over / rate) if rate else 1,
             )
-        ahead = self._waiting_ahead(min(s.seq.priority for s in submissions))
-        if self.max_queue_wait and ahead and rate and ahead / rate > self.max_queue_wait:
+        if self.max_queue_wait:
+            self._judge_wait(submissions, rate)
+        for submission in submissions:
+            self._inbox.put(("add", submission))
+
+    def _judge_wait(self, submissions: list[Submission], rate: float | None) -> None:
+        """Overloaded when the request would wait longer than max_queue_wait; else counts it as handed over."""
+        priority = min(s.seq.priority for s in submissions)
+        ahead = self._waiting_ahead(priority)
+        if ahead and rate and ahead / rate > self.max_queue_wait:
             wait = ahead / rate
             raise Overloaded(
                 "max_queue_wait",
@@ -143,8 +152,6 @@ class EngineThread:
             )
         with self._handed_lock:
             self._handed.update(s.seq.priority for s in submissions)
-        for submission in submissions:
-            self._inbox.put(("add", submission))
 
     def _waiting_ahead(self, priority: int) -> int:
         """Sequences a new one of `priority` would wait behind: those of its priority or higher handed over but not
@@ -225,8 +232,9 @@ class EngineThread:
     def _handle(self, kind: str, payload) -> None:
         if kind == "add":
             sub: Submission = payload
-            with self._handed_lock:
-                self._handed[sub.seq.priority] -= 1
+            if self.max_queue_wait:  # counted as handed over only then (_judge_wait)
+                with self._handed_lock:
+                    self._handed[sub.seq.priority] -= 1
             self._live[sub.seq.seq_id] = sub
             if sub.is_cancelled is not None:
                 with self._probes_lock:

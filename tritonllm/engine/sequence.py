@@ -27,6 +27,7 @@ class KvAndDraftCounts:
     """What TensorRT-LLM's per-request perf metrics report beside the timings (return_perf_metrics)."""
 
     reused_blocks: int = 0  # KV blocks taken from the prefix cache
+    cached_tokens: int = 0  # the prompt's tokens those blocks hold
     held_blocks: int = 0  # the most KV blocks it held (read when they are freed)
     draft_tokens: int = 0  # drafts verified, over the whole generation
     accepted_draft_tokens: int = 0

@@ -126,6 +126,13 @@ def add_access_options(p: argparse.ArgumentParser) -> None:
         f"(default: ${API_KEY_ENV})",
     )
     p.add_argument(
+        "--otlp-traces-endpoint",
+        metavar="URL",
+        help="export OpenTelemetry traces over OTLP/HTTP to URL (as http://127.0.0.1:4318/v1/traces): a span per "
+        "request in the shim continuing the client's traceparent, Triton's own, and the llm's queue, prefill and "
+        "decode (default: none)",
+    )
+    p.add_argument(
         "--batch-dir",
         default=str(DEFAULT_BATCH_DIR),
         help="where the Batch API keeps its files, jobs and their progress (SQLite), so that a job outlives a "

@@ -185,6 +185,7 @@ def _triton_server(args: argparse.Namespace, llms: list, model_dirs: list[Path],
             *((OPTIONAL_MODELS / "multimodal_encoders",) if media_kinds(model_dirs[0]) else ()),
         ),
         exit_timeout_s=args.drain_seconds,
+        traces_endpoint=args.otlp_traces_endpoint,
         # several LLMs: each one's folder is written into its staged configs, and the models load on demand
         llms=[(llm.triton, folder) for llm, folder in zip(llms, model_dirs, strict=True)] if several else [],
         load_at_start=(*[llm.triton.ensemble for llm in llms[: args.models_max]], *side_models) if several else None,

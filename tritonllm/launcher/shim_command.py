@@ -4,7 +4,9 @@ and its run, which `serve` shares."""
 from __future__ import annotations
 
 import argparse
+import os
 
+from tritonllm.common.tracing import OTLP_TRACES_ENDPOINT_ENV
 from tritonllm.launcher.defaults import DEFAULT_MODEL, LOOPBACK
 from tritonllm.launcher.hub_ids import resolve_hub_ids
 from tritonllm.launcher.models_given import llms_of, model_formats
@@ -66,8 +68,12 @@ def lora_registry(served_model_name: str, modules: list[str]):
 
 
 def shim_settings(args: argparse.Namespace, **where):
-    """The shim's settings from the flags `serve` and `shim` share, and `where` the model is and how it is named."""
+    """The shim's settings from the flags `serve` and `shim` share, and `where` the model is and how it is named.
+    --otlp-traces-endpoint reaches the shim as it reaches the models' processes, through the environment."""
     from tritonllm.shim.settings import ShimSettings
+
+    if args.otlp_traces_endpoint:
+        os.environ[OTLP_TRACES_ENDPOINT_ENV] = args.otlp_traces_endpoint
 
     return ShimSettings(
         default_max_tokens=args.default_max_tokens,

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tritonllm.common.tracing import OTLP_TRACES_ENDPOINT_ENV
 from tritonllm.launcher import decoupled_mode
 from tritonllm.launcher.allocator import with_allocator
 from tritonllm.launcher.model_set import renamed_config
@@ -196,6 +197,9 @@ class TritonServer:
     # On stop, how long running requests may take to finish. In-flight ensemble requests cannot finish once
     # shutdown refuses their next step, so the default does not wait long.
     exit_timeout_s: int = 10
+    # OTLP/HTTP endpoint of Triton's own OpenTelemetry traces (every request, the client's traceparent continued),
+    # and of the models' spans ($TRITONLLM_OTLP_TRACES_ENDPOINT); None: nothing traced
+    traces_endpoint: str | None = None
     process: subprocess.Popen | None = None
     # The stubs seen once the server was ready (pid -> shared-memory region): a crashed server's stubs are no
     # longer its children, and live on.
@@ -235,6 +239,21 @@ class TritonServer:
             "--disable-auto-complete-config",
             *self.restriction(),
             *self.model_control(),
+            *self.tracing(),
+        ]
+
+    def traced_env(self) -> dict[str, str]:
+        return {OTLP_TRACES_ENDPOINT_ENV: self.traces_endpoint} if self.traces_endpoint else {}
+
+    def tracing(self) -> list[str]:
+        if self.traces_endpoint is None:
+            return []
+        return [
+            "--trace-config=mode=opentelemetry",
+            "--trace-config=rate=1",
+            "--trace-config=level=TIMESTAMPS",
+            f"--trace-config=opentelemetry,url={self.traces_endpoint}",
+            "--trace-config=opentelemetry,resource=service.name=tritonserver",
         ]
 
     def model_control(self) -> list[str]:
@@ -268,7 +287,7 @@ class TritonServer:
             )
         self.process = subprocess.Popen(
             self.command(),
-            env=server_env(self.env),
+            env=server_env({**self.env, **self.traced_env()}),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,

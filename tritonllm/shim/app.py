@@ -13,8 +13,9 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tritonllm.common import tracing
 from tritonllm.shim import (
     anthropic_api,
     batch_api,
@@ -44,6 +45,8 @@ from tritonllm.shim.errors import (
 from tritonllm.shim.model_pool import ModelPool
 from tritonllm.shim.settings import ShimSettings
 
+SHIM_SERVICE = "tritonllm-shim"  # the service name of the shim's spans
+
 
 def create_app(settings: ShimSettings, unavailable: Callable[[], str | None] | None = None) -> FastAPI:
     """`unavailable`: why the server behind the shim cannot serve right now (a restart under way), or None;
@@ -63,6 +66,7 @@ def create_app(settings: ShimSettings, unavailable: Callable[[], str | None] | N
                 await app.state.batch_runner.close()
                 app.state.batch_store.close()
                 await app.state.triton.close()
+                tracing.flush(SHIM_SERVICE)
 
     app = FastAPI(title="tritonllm shim", lifespan=lifespan)
     app.state.strict_request_fields = settings.strict_request_fields
@@ -75,6 +79,9 @@ def create_app(settings: ShimSettings, unavailable: Callable[[], str | None] | N
     if settings.api_key:
         app.add_middleware(RequireAPIKey, key=settings.api_key.encode())
     app.add_middleware(IgnoredFieldsHeader)
+    tracer = tracing.tracer(SHIM_SERVICE)
+    if tracer is not None:
+        app.add_middleware(TraceRequests, tracer=tracer)
     metrics.install(app)
     app.include_router(openai_api.build_router(settings))
     app.include_router(embeddings_api.build_router(settings))
@@ -120,6 +127,37 @@ class WhileUnavailable:
             await answer(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+class TraceRequests:
+    """A span for every request (its method and route), the child of the client's `traceparent` where it sends one;
+    the shim's calls to Triton hand it on (triton_client.py). Plain ASGI, so that a stream's span lasts until its
+    last event is sent."""
+
+    def __init__(self, app: ASGIApp, tracer) -> None:
+        from opentelemetry.trace import SpanKind  # noqa: PLC0415 - only a traced shim imports opentelemetry
+
+        self.app = app
+        self.tracer = tracer
+        self.server = SpanKind.SERVER
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in ("/health", "/metrics"):
+            await self.app(scope, receive, send)
+            return
+        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+        name = f"{scope['method']} {scope['path']}"
+        parent = tracing.context_of(headers)
+        with self.tracer.start_as_current_span(name, context=parent, kind=self.server) as span:
+            span.set_attribute("http.request.method", scope["method"])
+            span.set_attribute("url.path", scope["path"])
+
+            async def sent(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    span.set_attribute("http.response.status_code", message["status"])
+                await send(message)
+
+            await self.app(scope, receive, sent)
 
 
 class RequireAPIKey:

@@ -22,6 +22,7 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from tritonllm.common import tracing
 from tritonllm.shim.direct_route import DirectRoute
 from tritonllm.shim.mux_channel import MuxChannel
 from tritonllm.shim.triton_call import Call
@@ -240,7 +241,7 @@ class TritonLLMClient:
             if (self._mux is None or self._mux.closed) and not self._mux_refused:
                 channel_id = f"mux-{uuid.uuid4().hex}"
                 opening = self._open(
-                    self.names.llm, [infer_input(multiplex.OPEN, "BOOL", np.array([[True]]))], channel_id
+                    self.names.llm, [infer_input(multiplex.OPEN, "BOOL", np.array([[True]]))], channel_id, traced=False
                 )
                 channel = MuxChannel(channel_id, opening, all_outputs)
                 opened = await channel.open()
@@ -301,7 +302,7 @@ class TritonLLMClient:
     async def _infer(self, model: str, inputs: list, outputs: list[str] | None = None):
         """One request, one response; shielded, so that a caller going away does not cancel the call."""
         wanted = [grpcclient.InferRequestedOutput(name) for name in outputs] if outputs else None
-        call = self._run_in_background(self._client.infer(model, inputs, outputs=wanted, headers=self._headers))
+        call = self._run_in_background(self._client.infer(model, inputs, outputs=wanted, headers=self._call_headers()))
         try:
             return await asyncio.shield(call)
         except InferenceServerException as e:
@@ -331,12 +332,22 @@ class TritonLLMClient:
             if not call.channel_failed:
                 call.cancel()
 
-    def _open(self, model: str, inputs: list, request_id: str, late_rows: bool = False) -> Call:
+    def _open(self, model: str, inputs: list, request_id: str, late_rows: bool = False, traced: bool = True) -> Call:
+        """`traced`: in the trace of the request it is opened for (not a channel that outlives it)."""
+
         async def one_request():
             yield {"model_name": model, "inputs": inputs, "request_id": request_id}
 
-        responses = self._client.stream_infer(one_request(), headers=self._headers)
+        responses = self._client.stream_infer(one_request(), headers=self._call_headers() if traced else self._headers)
         return Call(responses, self._run_in_background, late_rows)
+
+    def _call_headers(self) -> dict[str, str] | None:
+        """The metadata of a call: the API key, and while a request is traced its span's `traceparent`, which
+        Triton's OpenTelemetry mode continues."""
+        if tracing.endpoint() is None:
+            return self._headers
+        parent = tracing.traceparent()
+        return {**(self._headers or {}), tracing.TRACEPARENT: parent} if parent else self._headers
 
     def _run_in_background(self, coroutine: Coroutine) -> asyncio.Task:
         """A task referenced until it ends: neither its caller leaving nor the garbage collector cancels it."""

@@ -20,12 +20,13 @@ from functools import cached_property
 import torch
 import triton_python_backend_utils as pb_utils
 
+from tritonllm.backend import llm_spans
 from tritonllm.backend.llm_metrics import EngineMetrics
 from tritonllm.backend.llm_responses import FINAL, Channel, Responder, ResponseQueue, SampleGroup
 from tritonllm.backend.model_parameters import ModelParameters
 from tritonllm.backend.stop_board import StopBoard, server_folder
 from tritonllm.backend.stream_interval import StreamInterval
-from tritonllm.common import errors
+from tritonllm.common import errors, tracing
 from tritonllm.common.errors import RequestError
 from tritonllm.common.memory import release_free_memory
 from tritonllm.common.request_parameters import batch_rows
@@ -137,7 +138,7 @@ class TritonPythonModel:
             parsed, _, beams = generations[0]
             mux = self._multiplexed(rows[0].get, request.request_id(), parsed.params, beams or parsed.draft_tokens)
         wanted = frozenset(request.requested_output_names())
-        channel = Channel(sender, wanted, self.responses, self.metrics.finished, mux)
+        channel = Channel(sender, wanted, self.responses, llm_spans.on_finished(self.metrics.finished, request), mux)
         submissions = []
         for index, (parsed, samples, beams) in enumerate(generations):
             interval, batch_index = parsed.stream_interval or self.stream_interval, index if len(rows) > 1 else None
@@ -208,3 +209,4 @@ class TritonPythonModel:
         for channel in self.channels.values():
             channel.send(flags=FINAL)
         self.metrics.close()
+        tracing.flush(llm_spans.SERVICE)
