@@ -106,7 +106,13 @@ class BatchRunner:
     async def _answer(self, batch_id: str, line: Line) -> None:
         request = line.request
         outcome: dict[str, Any] = {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id}
-        response = await self.client.post(request["url"], json=request["body"])
+        try:
+            response = await self.client.post(request["url"], json=request["body"])
+        except Exception as e:  # the route itself answers every error; this is the call failing: the line's error
+            log.exception("batch %s: line %d failed", batch_id, line.number)
+            error = {"code": "server_error", "message": f"the request could not be made ({type(e).__name__})"}
+            self.store.answer(batch_id, line.number, {**outcome, "response": None, "error": error}, failed=True)
+            return
         try:
             body = response.json()
         except json.JSONDecodeError:
