@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tritonllm.engine.engine_thread import EngineThread, Overloaded, Submission
+from tritonllm.engine.engine_thread import EngineThread, FinishRate, Overloaded, Submission
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import FinishReason, Sequence, samples_of
 
@@ -125,13 +125,22 @@ def test_a_request_that_would_wait_too_long_is_shed_unless_nothing_of_its_rank_i
 
     thread.submit(request())
     thread.submit(request())  # no finish seen yet: no rate to judge a wait by
-    for at in (10.0, 11.0, 12.0):  # finishes 1 s apart: 1 a second
+    now = time.monotonic()
+    for at in (now - 2.0, now - 1.0, now):  # finishes 1 s apart: 1 a second
         thread.finishes.record(at)
     with pytest.raises(Overloaded, match="max_queue_wait=1 s") as shed:
         thread.submit(request())  # 2 ahead, 2 s at 1 a second
     assert shed.value.retry_after_s == 1 and shed.value.param == "max_queue_wait"
     thread.submit(request(priority=1))  # nothing of its rank ahead of it
     assert thread.num_queued() == 3
+
+
+def test_the_finish_rate_forgets_an_idle_spell():
+    rate = FinishRate(horizon_s=30.0)
+    for at in (0.0, 0.5, 1.0):
+        rate.record(at)
+    assert rate.per_second(now=2.0) == 2.0
+    assert rate.per_second(now=100.0) is None  # a burst after a quiet minute is not judged by the old pace
 
 
 def test_samples_share_the_prompt_blocks_and_draw_from_their_own_seeds(tiny_model_dir):

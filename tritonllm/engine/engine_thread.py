@@ -64,20 +64,23 @@ class CancellationProbe:
 
 
 class FinishRate:
-    """Sequences finished a second while the engine had work: over the last `window` finishes, so that an idle
-    spell before a burst does not count."""
+    """Sequences finished a second lately: between the last `window` finishes of the last `horizon_s` seconds, so
+    that an idle spell before a burst does not make the engine look slow."""
 
-    def __init__(self, window: int = 32) -> None:
+    def __init__(self, window: int = 32, horizon_s: float = 30.0) -> None:
         self._times: deque[float] = deque(maxlen=window)  # appended by the engine thread, read by submitters
+        self.horizon_s = horizon_s
 
     def record(self, at: float | None = None) -> None:
         """A sequence finished `at` (time.monotonic(); now by default)."""
         self._times.append(time.monotonic() if at is None else at)
 
-    def per_second(self) -> float | None:
-        times = list(self._times)
+    def per_second(self, now: float | None = None) -> float | None:
+        """None while fewer than two finishes are recent: nothing to go by."""
+        since = (time.monotonic() if now is None else now) - self.horizon_s
+        times = [t for t in list(self._times) if t >= since]
         if len(times) < 2 or times[-1] <= times[0]:
-            return None  # nothing to go by yet
+            return None
         return (len(times) - 1) / (times[-1] - times[0])
 
 
