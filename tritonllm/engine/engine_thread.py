@@ -128,23 +128,22 @@ class EngineThread:
         """Hands one request's sequences to the engine, all or none: Overloaded at once when the queue is full, or
         when the request would wait longer than max_queue_wait; either says when a retry may be taken in."""
         queued = self.num_queued()
-        rate = self.finishes.per_second()
         if self.max_queue_size and queued + len(submissions) > self.max_queue_size:
-            over = queued + len(submissions) - self.max_queue_size
+            over, rate = queued + len(submissions) - self.max_queue_size, self.finishes.per_second()
             raise Overloaded(
                 "max_queue_size",
                 f"overloaded: {queued} requests queued (max_queue_size={self.max_queue_size}); retry later",
                 math.ceil(over / rate) if rate else 1,
             )
         if self.max_queue_wait:
-            self._judge_wait(submissions, rate)
+            self._judge_wait(submissions)
         for submission in submissions:
             self._inbox.put(("add", submission))
 
-    def _judge_wait(self, submissions: list[Submission], rate: float | None) -> None:
+    def _judge_wait(self, submissions: list[Submission]) -> None:
         """Overloaded when the request would wait longer than max_queue_wait; else counts it as handed over."""
         priority = min(s.seq.priority for s in submissions)
-        ahead = self._waiting_ahead(priority)
+        ahead, rate = self._waiting_ahead(priority), self.finishes.per_second()
         if ahead and rate and ahead / rate > self.max_queue_wait:
             wait = ahead / rate
             raise Overloaded(
