@@ -2,7 +2,7 @@
 of admission is the order of first tokens. The engine is paused while the requests arrive (they wait for admission
 together), so no test depends on the machine's speed.
 
-- a request of higher priority (vLLM's field: lower runs earlier) is answered before those queued ahead of it;
+- a request of higher priority is admitted before those queued ahead of it;
 - past `--max-queue-size`, a request is shed at once with a 429 that says when to come back (`Retry-After`);
 - with `--max-queue-wait`, one that would wait longer than that behind the requests ahead of it, at the rate
   requests have been finishing, is shed the same way instead of waiting.
@@ -11,13 +11,12 @@ together), so no test depends on the machine's speed.
 from __future__ import annotations
 
 import json
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
 import pytest
-from triton_helpers import pause_llm, wait_for
+from triton_helpers import Stream, pause_llm, tensor, wait_for
 
 from .conftest import running_serve
 
@@ -56,37 +55,30 @@ def grpc(ports: dict) -> str:
     return f"127.0.0.1:{ports['--grpc-port']}"
 
 
-def test_a_higher_priority_request_is_answered_before_those_queued_ahead_of_it(queue_server):
-    firsts: list[str] = []
-    lock = threading.Lock()
-
-    def stream(name: str, priority: int) -> None:
-        body = completion(priority) | {"stream": True}
-        with httpx.stream("POST", url(queue_server), json=body, timeout=60) as response:
-            assert response.status_code == 200, response.read()
-            texts = (line for line in response.iter_lines() if line.startswith("data:") and '"text"' in line)
-            next(texts)
-            with lock:
-                firsts.append(name)
-            for _ in texts:  # the rest of the stream
-                pass
-
+def test_a_higher_priority_request_is_admitted_before_those_queued_ahead_of_it(queue_server):
+    """The order of admission read from the engine's own clock (TensorRT-LLM's perf metric first_scheduled_time_ns),
+    not from when a client's thread reads a token, which a busy machine reorders."""
+    streams: dict[str, Stream] = {}
     pause_llm(grpc(queue_server), True)
     try:
-        with ThreadPoolExecutor(QUEUE) as pool:
-            lows = []
-            for i in range(QUEUE - 1):
-                lows.append(pool.submit(stream, f"low {i}", 0))
-                assert wait_for(lambda i=i: waiting(queue_server) == i + 1, timeout=30)
-            high = pool.submit(stream, "high", -4)
-            assert wait_for(lambda: waiting(queue_server) == QUEUE, timeout=30)
-            pause_llm(grpc(queue_server), False)
-            for done in [*lows, high]:
-                done.result(timeout=60)
+        for i, (name, priority) in enumerate([("low-0", 5), ("low-1", 5), ("low-2", 5), ("high", 1)]):
+            streams[name] = Stream(grpc(queue_server))
+            inputs = [
+                tensor("text_input", [[b"Once upon a time"]], "BYTES"),
+                tensor("max_tokens", [[4]], "INT32"),
+                tensor("stream", [[True]], "BOOL"),
+                tensor("priority", [[priority]], "INT32"),
+                tensor("return_perf_metrics", [[True]], "BOOL"),
+            ]
+            streams[name].send("ensemble", inputs, request_id=name)
+            assert wait_for(lambda i=i: waiting(queue_server) == i + 1, timeout=30)
+        pause_llm(grpc(queue_server), False)
+        scheduled = {n: s.until_final()[-1].as_numpy("first_scheduled_time_ns").item() for n, s in streams.items()}
     finally:
         pause_llm(grpc(queue_server), False)
-    assert firsts[0] == "high", firsts
-    assert firsts[1:] == [f"low {i}" for i in range(QUEUE - 1)]
+        for stream in streams.values():
+            stream.close()
+    assert sorted(scheduled, key=scheduled.get) == ["high", "low-0", "low-1", "low-2"], scheduled
 
 
 def test_past_the_queue_size_a_request_is_shed_at_once_saying_when_to_come_back(queue_server):
@@ -132,7 +124,7 @@ def test_a_batch_running_does_not_hold_up_a_chat(queue_server):
     """Batch lines wait behind every client's request: queued first, they are admitted after a chat sent later."""
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{queue_server['--shim-port']}/v1", api_key="-", max_retries=0)
     lines = [
-        {"custom_id": f"b{i}", "method": "POST", "url": "/v1/completions", "body": completion(tokens=200)}
+        {"custom_id": f"b{i}", "method": "POST", "url": "/v1/completions", "body": completion(tokens=1900)}
         for i in range(QUEUE - 1)
     ]
     requests = "\n".join(json.dumps(item) for item in lines).encode()
@@ -146,7 +138,7 @@ def test_a_batch_running_does_not_hold_up_a_chat(queue_server):
             assert wait_for(lambda: waiting(queue_server) == QUEUE, timeout=30)
             pause_llm(grpc(queue_server), False)
             assert chat.result(timeout=60).status_code == 200
-        # the chat's 4 tokens are done before the first batch line's 200: none is answered yet
+        # the chat's 4 tokens are done before the first batch line's 1,900 (seconds of them): none is answered yet
         assert client.batches.retrieve(batch.id).request_counts.completed == 0
     finally:
         pause_llm(grpc(queue_server), False)
