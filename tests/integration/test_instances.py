@@ -58,15 +58,14 @@ def test_stops_reach_the_instance_running_each_generation(triton, stream):
     cancelled = 'reason="cancelled"'
     assert wait_for(lambda: metric(triton, "tritonllm_requests_running") == 0)  # no gauge left from before
     before = dict(metric_series(triton, "tritonllm_requests_finished_total", cancelled))
+    stopper = stream()  # opened first: all eight stops go down this one stream, each as soon as its generation runs
     streams = []
     for i in range(8):
         s = stream()
         s.send("llm", llm_inputs([5 + i, 6, 7, 8], 1900), request_id=f"spread-{i}")
         streams.append(s)
-    for s in streams:  # each has its first token: it runs, and 1899 more take the tiny model a second or more
+    for i, s in enumerate(streams):  # a first token: it runs, and 1899 more take the tiny model a second or more
         assert not s.next().as_numpy("finish_reason").item()
-    stopper = stream()  # all eight stops down one stream at once, right away
-    for i in range(8):
         stopper.send("llm", [tensor("stop", [[True]], "BOOL")], request_id=f"spread-{i}")
     for s in streams:
         last = s.until_final()[-1]
