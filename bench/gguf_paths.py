@@ -1,7 +1,7 @@
 """A GGUF file's two ways into the engine, in-process, side by side on one machine: dequantized into an HF folder
-whose layers are swapped back into the engine's block layouts (formats/gguf.convert, engine/gguf_swap.py: the only
-way before the file was read in place), and read in place in its own blocks (formats/gguf_weights.py,
-engine/gguf_linear.py). For one sequence and for 16 decoding together: the median decode step and output tokens/s
+whose layers are swapped back into the engine's block layouts (formats/gguf.convert, engine/models/gguf_swap.py: the
+only way before the file was read in place), and read in place in its own blocks (formats/gguf_weights.py,
+engine/layers/gguf_linear.py). For one sequence and for 16 decoding together: the median decode step and output tokens/s
 (64-token prompts, 64 new tokens: decode_step.py's step_times), the load's time and the process's peak RSS after it.
 
     .venv/bin/python bench/gguf_paths.py FILE.gguf [--paths swap file]

@@ -19,7 +19,7 @@ from peers import MODEL, WORKLOADS, fresh_prompts, greedy_agreement, greedy_refe
 from run import RESULTS, ROOT, machine, measured, median_run
 from transformers import AutoConfig, AutoTokenizer
 
-from tritonllm.engine.paged_attention import KVCache
+from tritonllm.engine.layers.paged_attention import KVCache
 
 TASK = "tritonllm_facts_mc"
 TASKS = ROOT / "tests" / "clients" / "lm_eval_tasks"

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from run import RESULTS, machine
 
-from tritonllm.engine import cpu_kernels
+from tritonllm.engine.kernels import cpu_kernels
 
 ROWS = (1, 2, 4, 8, 16, 32, 48, 64)
 ROUNDS = 7

@@ -64,7 +64,7 @@ from run import (
     table,
 )
 
-from tritonllm.engine import cpu_kernels
+from tritonllm.engine.kernels import cpu_kernels
 from tritonllm.launcher.allocator import allocator_library
 
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct"

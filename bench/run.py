@@ -211,8 +211,8 @@ class InProcessEngine:
         self.w = w
 
     def __call__(self, prompts: list[list[int]]) -> Result:
-        from tritonllm.engine.sampling_params import SamplingParams
-        from tritonllm.engine.sequence import Sequence
+        from tritonllm.engine.state.sampling_params import SamplingParams
+        from tritonllm.engine.state.sequence import Sequence
 
         seqs = [Sequence(p, SamplingParams(max_tokens=self.w.new_tokens)) for p in prompts]
         stamps: dict[int, list[float]] = {s.seq_id: [] for s in seqs}
@@ -322,7 +322,7 @@ def machine() -> dict:
     code runs at different ratios on Intel with AVX-512 and on AMD with AVX2 only."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from tritonllm.engine import cpu_kernels
+    from tritonllm.engine.kernels import cpu_kernels
 
     def installed(package: str) -> str:
         try:

@@ -20,8 +20,8 @@ import time
 from peers import MODEL, WORKLOADS
 from run import InProcessEngine, make_prompts, under_the_servers_allocator
 
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import Sequence
 
 
 def main() -> None:

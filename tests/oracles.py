@@ -7,7 +7,7 @@ import copy
 import numpy as np
 import torch
 
-from tritonllm.engine.lora import MODULES
+from tritonllm.engine.layers.lora import MODULES
 from tritonllm.tokenizer.detokenizer import CONTEXT_TOKENS, text_increment
 
 

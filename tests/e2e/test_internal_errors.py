@@ -19,7 +19,7 @@ PLANTED_SEED = 4242
 BUGGY_LLM = f'''
 import importlib.util
 
-from tritonllm.engine import inference_request
+from tritonllm.engine.state import inference_request
 
 parse = inference_request.parse
 

@@ -15,8 +15,8 @@ from unit.test_beam_search import beam_params, end_id_and_bias, hf_beams
 from unit.test_engine import check_staggered_greedy, random_prompts, reference, run
 
 from tritonllm.engine.engine import EngineConfig, LLMEngine
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import Sequence
 
 pytestmark = pytest.mark.gpu
 

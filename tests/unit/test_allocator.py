@@ -71,8 +71,8 @@ def test_serve_refuses_a_missing_allocator_before_starting_anything(tiny_model_d
 
 LOAD_SCRIPT = """
 import ctypes, sys
-from tritonllm.engine.block_manager import BlockManager
-from tritonllm.engine.model_runner import ModelRunner
+from tritonllm.engine.scheduling.block_manager import BlockManager
+from tritonllm.engine.execution.model_runner import ModelRunner
 
 runner = ModelRunner(sys.argv[1], BlockManager(16, 8, prefix_caching=False), "float32", "cpu")
 held = ctypes.c_size_t()

@@ -14,11 +14,14 @@ from architectures import ARCHITECTURES, WINDOW, build_architecture
 from oracles import greedy_ids
 
 from tritonllm.common.unsupported_model import UnsupportedModelError
-from tritonllm.engine import cpu_kernels, llama_model, native_decode, paged_attention
 from tritonllm.engine.engine import EngineConfig, LLMEngine
-from tritonllm.engine.llama_model import ModelConfig
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.execution import native_decode
+from tritonllm.engine.kernels import cpu_kernels
+from tritonllm.engine.layers import paged_attention
+from tritonllm.engine.models import llama_model
+from tritonllm.engine.models.llama_model import ModelConfig
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import Sequence
 
 NEW_TOKENS = 12
 WINDOWED = {"mistral", "qwen2", "mixtral", "gemma2", "gemma3_text", "phi3"}

@@ -6,8 +6,8 @@ import pytest
 import torch
 from oracles import beam_search
 
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import FinishReason, Sequence
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import FinishReason, Sequence
 
 from .test_engine import make_engine, random_prompts, run
 

@@ -3,7 +3,7 @@ $TRITONLLM_CPU_ISA asks for them (`make test-avx2`, `bench/peers.py --isa avx2`)
 
 import pytest
 
-from tritonllm.engine import cpu_kernels
+from tritonllm.engine.kernels import cpu_kernels
 
 
 def test_the_default_build_is_for_this_cpu(monkeypatch):

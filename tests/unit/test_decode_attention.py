@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tritonllm.engine import cpu_kernels
+from tritonllm.engine.kernels import cpu_kernels
 
 # Built (or loaded from the cache) here: a build that fails is this module's error, never a skip.
 cpu_kernels.build()

@@ -7,8 +7,8 @@ import random
 import pytest
 
 from tritonllm.engine.engine import EngineConfig, LLMEngine
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import Sequence
 from tritonllm.tokenizer.detokenizer import CONTEXT_TOKENS, text_increment
 
 

@@ -1,5 +1,5 @@
-"""Speculative decoding with a draft model (engine/draft_model.py): greedy output equal to generate() whether
-the drafts are all kept or often rejected; seeded sampling independent of the batch; the draft model's pool
+"""Speculative decoding with a draft model (engine/speculation/draft_model.py): greedy output equal to generate()
+whether the drafts are all kept or often rejected; seeded sampling independent of the batch; the draft model's pool
 empty again when the sequences end; a draft model with another vocabulary refused at load."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 from conftest import MODELS
 from transformers import AutoModelForCausalLM
 
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import Sequence
 
 from .test_engine import make_engine, random_prompts, reference, run
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import Sequence, Speculation
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import Sequence, Speculation
 
 from .test_engine import make_engine, random_prompts, run
 

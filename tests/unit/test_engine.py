@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tritonllm.engine.engine import EngineConfig, LLMEngine
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import FinishReason, Sequence
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import FinishReason, Sequence
 
 
 def make_engine(model_dir, **overrides) -> LLMEngine:

@@ -15,8 +15,8 @@ import torch
 
 from tritonllm.engine.engine import EngineConfig, LLMEngine
 from tritonllm.engine.engine_thread import EngineThread, Submission, load_on_own_thread
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import FinishReason, Sequence
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import FinishReason, Sequence
 
 
 class Collector:

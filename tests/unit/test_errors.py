@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tritonllm.common import errors
-from tritonllm.engine import inference_request
+from tritonllm.engine.state import inference_request
 from tritonllm.shim.errors import APIError
 from tritonllm.shim.triton_errors import TritonRequestError
 

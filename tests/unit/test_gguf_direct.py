@@ -1,5 +1,5 @@
-"""A GGUF file served from the file itself (formats/gguf_weights.py, engine/gguf_linear.py): a folder of its config
-and tokenizer alone, every matrix read in its own blocks where the file is mapped, and greedy output equal to
+"""A GGUF file served from the file itself (formats/gguf_weights.py, engine/layers/gguf_linear.py): a folder of its
+config and tokenizer alone, every matrix read in its own blocks where the file is mapped, and greedy output equal to
 transformers' generate() on the file dequantized."""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import transformers
 from oracles import greedy_ids
 
 from tritonllm.common.unsupported_model import UnsupportedModelError
-from tritonllm.engine import weight_memory
 from tritonllm.engine.config import EngineConfig
 from tritonllm.engine.engine import LLMEngine
-from tritonllm.engine.gguf_linear import GGUFEmbedding, GGUFLinear
-from tritonllm.engine.gguf_model import ScaledGGUFEmbedding
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.layers.gguf_linear import GGUFEmbedding, GGUFLinear
+from tritonllm.engine.models import weight_memory
+from tritonllm.engine.models.gguf_model import ScaledGGUFEmbedding
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import Sequence
 from tritonllm.formats import gguf, gguf_weights
 
 PROMPTS = ("The capital of France is", "def fibonacci(n):", "1, 2, 3,")
@@ -68,8 +68,8 @@ def test_every_matrix_is_read_in_place_from_the_files_mapping(smollm2_gguf, file
 
 
 def test_a_gemma3_file_is_read_in_place_through_transformers_modules(gemma3_gguf):
-    """An architecture the Llama-family build does not take (engine/gguf_model.py): transformers' Gemma 3 modules,
-    built without weights, with every matrix the file's rows in their own types and the norms copied."""
+    """An architecture the Llama-family build does not take (engine/models/gguf_model.py): transformers' Gemma 3
+    modules, built without weights, with every matrix the file's rows in their own types and the norms copied."""
     folder = gguf.hf_model_dir(gemma3_gguf)
     assert folder.name.endswith("-file") and not list(folder.glob("*.safetensors"))
     engine = LLMEngine(EngineConfig(str(folder), num_kv_blocks=64))
@@ -118,7 +118,7 @@ def test_q_and_k_rows_are_put_back_in_transformers_order():
 
 
 def test_a_matrix_in_a_type_without_a_kernel_is_refused_at_load_naming_it(smollm2_gguf, tmp_path, monkeypatch):
-    from tritonllm.engine import gguf_linear
+    from tritonllm.engine.layers import gguf_linear
 
     monkeypatch.setattr(gguf_linear, "kernel_types", lambda: frozenset({gguf_py.GGMLQuantizationType.Q8_0.value}))
     with pytest.raises(UnsupportedModelError, match=r"no kernel here reads GGUF type\(s\) \['Q4_1'\]"):
@@ -180,7 +180,7 @@ def test_float32_weights_are_served_only_when_asked_for(smollm2_gguf, folder_wri
 def test_the_load_checks_verdict_is_kept_for_the_same_file_code_and_settings(file_folder, tmp_path, monkeypatch):
     """The probe is most of a real-size file's load; a start with the same file, folder, code, kernel build and
     settings reads its verdict, any other runs it."""
-    from tritonllm.engine import model_check
+    from tritonllm.engine.execution import model_check
     from tritonllm.formats import model_cache
 
     monkeypatch.setenv(model_cache.CACHE_ENV, str(tmp_path))

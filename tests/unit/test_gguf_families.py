@@ -1,7 +1,7 @@
-"""Qwen3, Phi-3, Gemma 2 and Gemma 3 files served from the file through transformers' modules (engine/gguf_model.py):
-tiny random models built by transformers, converted to Q8_0 by llama.cpp's own converter (the sources the pinned
-llama-cpp-python sdist vendors, bench/peers.py), greedy output through the engine equal to transformers' generate()
-on the file dequantized. Slow (the sdist is fetched and unpacked once): `make test-slow`."""
+"""Qwen3, Phi-3, Gemma 2 and Gemma 3 files served from the file through transformers' modules
+(engine/models/gguf_model.py): tiny random models built by transformers, converted to Q8_0 by llama.cpp's own converter
+(the sources the pinned llama-cpp-python sdist vendors, bench/peers.py), greedy output through the engine equal to
+transformers' generate() on the file dequantized. Slow (the sdist is fetched and unpacked once): `make test-slow`."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from architectures import TINY_SIZES
 from oracles import greedy_ids
 
 from tritonllm.engine.engine import EngineConfig, LLMEngine
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import Sequence
 from tritonllm.formats import gguf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))

@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tritonllm.engine import cpu_kernels
-from tritonllm.engine.gguf_linear import GGUFEmbedding, GGUFLinear, kernel_types
-from tritonllm.engine.quantized_linear import GEMM_ROWS
+from tritonllm.engine.kernels import cpu_kernels
+from tritonllm.engine.layers.gguf_linear import GGUFEmbedding, GGUFLinear, kernel_types
+from tritonllm.engine.layers.quantized_linear import GEMM_ROWS
 
 T = gguf_py.GGMLQuantizationType
 # each block type's float16 fields (d, dmin, m) by byte offset in the block

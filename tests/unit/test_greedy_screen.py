@@ -1,5 +1,5 @@
-"""The greedy screen (engine/greedy_screen.py) against the whole float32 output layer: the bfloat16 kernel sums as
-float32 does, the screen's argmax is the layer's even where tokens are closer than its copies (bfloat16, and
+"""The greedy screen (engine/decoding/greedy_screen.py) against the whole float32 output layer: the bfloat16 kernel sums
+as float32 does, the screen's argmax is the layer's even where tokens are closer than its copies (bfloat16, and
 8-bit blocks for one row) can tell apart, the candidates keep their float32 logits, and the engine screens only
 the steps that need nothing but the argmax."""
 
@@ -9,11 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tritonllm.engine import cpu_kernels, greedy_screen
+from tritonllm.engine.decoding import greedy_screen
+from tritonllm.engine.decoding.greedy_screen import GreedyScreen
 from tritonllm.engine.engine import EngineConfig, LLMEngine
-from tritonllm.engine.greedy_screen import GreedyScreen
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.kernels import cpu_kernels
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import Sequence
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ import json
 import jsonschema
 import pytest
 
-from tritonllm.engine.grammar import GrammarCompiler
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import FinishReason, Sequence
+from tritonllm.engine.decoding.grammar import GrammarCompiler
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import FinishReason, Sequence
 
 from .test_engine import make_engine, random_prompts, run
 

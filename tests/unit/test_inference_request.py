@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tritonllm.engine.inference_request import parse
+from tritonllm.engine.state.inference_request import parse
 from tritonllm.tokenizer.word_lists import decode_word_list, encode_word_list
 
 VOCAB = 4096

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from tritonllm.engine.kernel_build_progress import KernelBuildProgress
+from tritonllm.engine.kernels.kernel_build_progress import KernelBuildProgress
 
 
 def test_a_compile_is_told_by_the_sources_compiled_so_far(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tritonllm.engine.paged_attention import KVCache
+from tritonllm.engine.layers.paged_attention import KVCache
 
 GIB = 1 << 30
 

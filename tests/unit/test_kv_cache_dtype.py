@@ -16,10 +16,10 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from tritonllm.engine import cpu_kernels
 from tritonllm.engine.engine import EngineConfig, LLMEngine
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.kernels import cpu_kernels
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import Sequence
 
 from .test_native_decode import decoded_together
 

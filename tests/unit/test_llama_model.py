@@ -1,4 +1,4 @@
-"""Llama-family models built without transformers' model code (engine/llama_model.py): the llm process never
+"""Llama-family models built without transformers' model code (engine/models/llama_model.py): the llm process never
 imports it, answers as transformers' generate() does, and a model this code would build wrongly is loaded through
 transformers instead (the other families, rope types and paths: test_architectures.py)."""
 
@@ -11,9 +11,9 @@ import sys
 import torch
 from conftest import PROJECT_ROOT
 
-from tritonllm.engine import llama_model
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.models import llama_model
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import Sequence
 
 from .test_engine import make_engine, random_prompts, reference, run
 
@@ -21,8 +21,8 @@ LOAD_AND_ANSWER = """
 import json, sys
 from tritonllm.engine.config import EngineConfig
 from tritonllm.engine.engine import LLMEngine
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import Sequence
 
 engine = LLMEngine(EngineConfig(sys.argv[1], num_kv_blocks=64, block_size=8))
 seq = Sequence(json.loads(sys.argv[2]), SamplingParams(max_tokens=12))

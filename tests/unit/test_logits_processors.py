@@ -13,9 +13,9 @@ from transformers import (
     SequenceBiasLogitsProcessor,
 )
 
-from tritonllm.engine.logits_processors import process
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import FinishReason, Sequence
+from tritonllm.engine.decoding.logits_processors import process
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import FinishReason, Sequence
 
 from .test_engine import make_engine, random_prompts, run
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from oracles import merged, random_adapter
 
-from tritonllm.engine.lora import AdapterCache, resolve
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.layers.lora import AdapterCache, resolve
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import Sequence
 
 from .test_engine import make_engine, random_prompts, run
 from .test_logits_processors import generate_ids

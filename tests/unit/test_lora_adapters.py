@@ -9,9 +9,9 @@ import json
 import pytest
 from oracles import peft_adapter, peft_model
 
-from tritonllm.engine.lora import AdapterCache, resolve
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.layers.lora import AdapterCache, resolve
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import Sequence
 from tritonllm.formats.lora_adapters import load_peft
 
 from .test_engine import make_engine, random_prompts, reference, run

@@ -11,10 +11,10 @@ from architectures import build_architecture
 from conftest import MODELS
 from oracles import greedy_ids
 
-from tritonllm.engine import native_decode
 from tritonllm.engine.engine import EngineConfig, LLMEngine
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.execution import native_decode
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import Sequence
 from tritonllm.formats import gguf
 
 SERVED = ["llama", "llama_biased", "qwen2_full"]

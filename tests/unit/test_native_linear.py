@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tritonllm.engine import cpu_kernels, native_linear
+from tritonllm.engine.kernels import cpu_kernels
+from tritonllm.engine.layers import native_linear
 
 
 @pytest.fixture(scope="module")

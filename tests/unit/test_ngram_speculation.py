@@ -1,4 +1,4 @@
-"""Speculative decoding with n-gram drafts (engine/ngram_drafter.py): greedy output equal to generate() with
+"""Speculative decoding with n-gram drafts (engine/speculation/ngram_drafter.py): greedy output equal to generate() with
 drafts accepted, in fewer steps; the lookup equal to a plain scan; seeded sampling still independent of the
 batch; no block left behind."""
 
@@ -12,10 +12,10 @@ from oracles import greedy_ids
 
 from tritonllm.engine.config import EngineConfig
 from tritonllm.engine.engine import LLMEngine
-from tritonllm.engine.ngram_drafter import DORMANT_TOKENS, NgramDrafter, NgramIndex
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.scheduler import Scheduler
-from tritonllm.engine.sequence import Sequence, Speculation
+from tritonllm.engine.scheduling.scheduler import Scheduler
+from tritonllm.engine.speculation.ngram_drafter import DORMANT_TOKENS, NgramDrafter, NgramIndex
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import Sequence, Speculation
 
 from .test_engine import make_engine, random_prompts, reference, run
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from oracles import prompt_tuned_greedy
 
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import Sequence
 
 from .test_engine import make_engine, run
 

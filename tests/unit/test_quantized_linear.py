@@ -10,11 +10,13 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType, quants
 from oracles import greedy_ids
 
-from tritonllm.engine import cpu_kernels, gguf_swap, quantized_linear
 from tritonllm.engine.engine import EngineConfig, LLMEngine
-from tritonllm.engine.quantized_linear import QuantizedEmbedding, QuantizedLinear
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.kernels import cpu_kernels
+from tritonllm.engine.layers import quantized_linear
+from tritonllm.engine.layers.quantized_linear import QuantizedEmbedding, QuantizedLinear
+from tritonllm.engine.models import gguf_swap
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import Sequence
 from tritonllm.formats import gguf, model_cache
 from tritonllm.formats.gguf_blocks import BlockQuantized, from_gguf
 

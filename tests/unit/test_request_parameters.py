@@ -10,7 +10,7 @@ import pytest
 
 from tritonllm.common.errors import RequestError
 from tritonllm.common.request_parameters import PARAMETERS, Parameter, read
-from tritonllm.engine import inference_request
+from tritonllm.engine.state import inference_request
 from tritonllm.launcher import parameter_configs
 from tritonllm.shim.triton_requests import NUMPY_TYPES, GenerationRequest
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tritonllm.engine.sequence import FinishReason
+from tritonllm.engine.state.sequence import FinishReason
 from tritonllm.wire import response_status
 
 

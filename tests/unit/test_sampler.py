@@ -13,7 +13,7 @@ from transformers import (
     WatermarkLogitsProcessor,
 )
 
-from tritonllm.engine.sampler import row_argmax, warp, watermark
+from tritonllm.engine.decoding.sampler import row_argmax, warp, watermark
 
 
 @pytest.mark.parametrize(
@@ -54,8 +54,8 @@ def test_watermark_equals_transformers_processor():
 def test_watermarked_greedy_generation_equals_generate(tiny_model_dir, hf_model):
     from transformers import WatermarkingConfig
 
-    from tritonllm.engine.sampling_params import SamplingParams
-    from tritonllm.engine.sequence import Sequence
+    from tritonllm.engine.state.sampling_params import SamplingParams
+    from tritonllm.engine.state.sequence import Sequence
 
     from .test_engine import make_engine, run
 

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from tritonllm.engine.engine_thread import EngineThread, FinishRate, Overloaded, Submission
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import FinishReason, Sequence, samples_of
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import FinishReason, Sequence, samples_of
 
 from .test_engine import make_engine, random_prompts, run
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import Sequence
-from tritonllm.engine.step_cost import StepCost
+from tritonllm.engine.scheduling.step_cost import StepCost
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import Sequence
 
 from .test_engine import make_engine
 

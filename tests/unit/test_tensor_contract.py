@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import REPOSITORY
 
-from tritonllm.engine import inference_request
+from tritonllm.engine.state import inference_request
 from tritonllm.shim.triton_requests import GenerationRequest, TokenizeRequest
 
 WIRE_TYPES = {"TYPE_STRING": "BYTES", "TYPE_BOOL": "BOOL", "TYPE_INT32": "INT32", "TYPE_INT64": "INT64"}

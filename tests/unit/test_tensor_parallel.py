@@ -10,11 +10,11 @@ from oracles import greedy_ids
 from transformers import AutoModelForCausalLM
 
 from tritonllm.common.unsupported_model import UnsupportedModelError
-from tritonllm.engine import tensor_parallel
 from tritonllm.engine.config import EngineConfig
 from tritonllm.engine.engine import LLMEngine
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.parallel import tensor_parallel
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import Sequence
 
 PROMPTS = [[3 + i, 17, 250 + 7 * i, 9, 41 + i] * (1 + 3 * i) for i in range(5)]  # 5 to 65 tokens
 SHARED = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28]  # a full block and more

@@ -1,4 +1,4 @@
-"""A reasoning model's thinking block followed (tritonllm/engine/thinking_block.py): once its budget is spent the
+"""A reasoning model's thinking block followed (tritonllm/engine/state/thinking_block.py): once its budget is spent the
 closing tag is forced and the answer follows (against transformers' greedy generate() on the prefix the budget
 forced), and a grammar holds the answer only."""
 
@@ -9,9 +9,9 @@ import re
 import pytest
 from oracles import greedy_ids
 
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.sequence import Sequence
-from tritonllm.engine.thinking_block import ThinkingBlock, ThinkingTracker
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import Sequence
+from tritonllm.engine.state.thinking_block import ThinkingBlock, ThinkingTracker
 
 from .test_engine import make_engine, random_prompts, run
 
@@ -100,7 +100,7 @@ def test_a_grammar_constrains_the_answer_after_the_thinking(tiny_model_dir, hf_m
     """With the prompt opening the block and a budget of 3: three free tokens, the tag, then the grammar's answer,
     the same as the engine gives the prompt with those tokens and the tag appended, under the grammar from the
     start."""
-    from tritonllm.engine.grammar import GrammarCompiler
+    from tritonllm.engine.decoding.grammar import GrammarCompiler
 
     compiler = GrammarCompiler(tokenizer)
     regex = r"[a-z]{2,6}!"
@@ -125,7 +125,7 @@ def test_a_grammar_constrains_the_answer_after_the_thinking(tiny_model_dir, hf_m
 def test_an_answer_that_does_not_open_the_block_is_the_grammars_from_its_first_token(tiny_model_dir, tokenizer):
     import torch
 
-    from tritonllm.engine.grammar import GrammarCompiler
+    from tritonllm.engine.decoding.grammar import GrammarCompiler
 
     compiler = GrammarCompiler(tokenizer)
     start = 300

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from tritonllm.engine.grammar import GrammarCompiler
+from tritonllm.engine.decoding.grammar import GrammarCompiler
 from tritonllm.tokenizer.tool_calls import FORMATS, ToolCallParser, detect_format, with_tools_in_prompt
 
 WEATHER = {"city": "Paris", "n": [1, {"a": "}"}]}

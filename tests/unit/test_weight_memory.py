@@ -1,4 +1,4 @@
-"""The engine's weights live in its own memory, not in the mapped checkpoint file (engine/weight_memory.py): each
+"""The engine's weights live in its own memory, not in the mapped checkpoint file (engine/models/weight_memory.py): each
 live weight is resident once, and shared weights stay shared."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from tritonllm.engine.engine import EngineConfig, LLMEngine
-from tritonllm.engine.weight_memory import copy_out_of_files, file_mappings
+from tritonllm.engine.models.weight_memory import copy_out_of_files, file_mappings
 
 
 def in_a_file(tensor: torch.Tensor, ranges: list[tuple[int, int]]) -> bool:

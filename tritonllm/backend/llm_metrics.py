@@ -12,7 +12,7 @@ import triton_python_backend_utils as pb_utils
 
 from tritonllm.backend.llm_responses import take_queued
 from tritonllm.engine.engine import LLMEngine
-from tritonllm.engine.sequence import FinishReason
+from tritonllm.engine.state.sequence import FinishReason
 
 log = logging.getLogger(__name__)
 

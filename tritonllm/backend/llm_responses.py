@@ -16,9 +16,9 @@ import triton_python_backend_utils as pb_utils
 
 from tritonllm.backend.coalesce import PendingResponse, coalesce
 from tritonllm.backend.stream_interval import StreamInterval
-from tritonllm.engine import inference_request
-from tritonllm.engine.logits_processors import matched_word
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.decoding.logits_processors import matched_word
+from tritonllm.engine.state import inference_request
+from tritonllm.engine.state.sequence import Sequence
 from tritonllm.tokenizer.detokenizer import CONTEXT_TOKENS
 from tritonllm.wire import multiplex, response_status
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from tritonllm.common import tracing
-from tritonllm.engine.sequence import FinishReason, Sequence
+from tritonllm.engine.state.sequence import FinishReason, Sequence
 
 log = logging.getLogger(__name__)
 SERVICE = "tritonllm-llm"

@@ -4,7 +4,7 @@ A declaration gives the `llm` tensor (TensorRT-LLM's InferenceRequest name), its
 engine uses when the tensor is absent, the rule a value must meet, the ensemble's name for it when that differs,
 and the `GenerationRequest` field the shim sends it from. Everything else is built from here:
 
-- the engine reads and checks each one with `read` (tritonllm/engine/inference_request.py);
+- the engine reads and checks each one with `read` (tritonllm/engine/state/inference_request.py);
 - the inputs of `llm/config.pbtxt` and `ensemble/config.pbtxt` and the ensemble's map between them are
   generated sections (`make configs` writes them, tests/unit/test_request_parameters.py fails when they drift);
 - the shim's `GenerationRequest.inputs()` sends every declared field under its ensemble name and type;
@@ -35,7 +35,7 @@ MAX_TOP_LOG_PROBS = 20
 HIGHEST_PRIORITY, LOWEST_PRIORITY = 1, 5
 DEFAULT_PRIORITY = LOWEST_PRIORITY  # as the generate_stream spec
 BACKGROUND_PRIORITY = LOWEST_PRIORITY + 1  # below every client's request: the Batch API's lines
-# early_stopping values -> transformers' setting (see engine/beam_search.py)
+# early_stopping values -> transformers' setting (see engine/decoding/beam_search.py)
 EARLY_STOPPING = {1: True, 0: False, -1: "never"}
 
 WIRE_TYPES = {"BOOL": bool, "INT32": int, "UINT64": int, "FP32": float, "BYTES": str}

@@ -9,22 +9,22 @@ from pathlib import Path
 import torch
 
 from tritonllm.common.errors import RequestError
-from tritonllm.engine import lora
-from tritonllm.engine.beam_search import BeamSearch
-from tritonllm.engine.block_manager import BlockManager
 from tritonllm.engine.config import KV_DTYPE_BYTES, EngineConfig
-from tritonllm.engine.device import resolve_device, resolve_dtype_name
-from tritonllm.engine.draft_model import DraftModelDrafter
-from tritonllm.engine.logits_processors import ends_with_any, ends_with_stop_word
-from tritonllm.engine.model_runner import ModelRunner
-from tritonllm.engine.model_shape import ModelShape
-from tritonllm.engine.ngram_drafter import NgramDrafter
-from tritonllm.engine.paged_attention import KVCache
-from tritonllm.engine.sampler import Sampled, row_argmax, sample_one
-from tritonllm.engine.scheduler import ScheduledChunk, Scheduler, decoding
-from tritonllm.engine.sequence import FinishReason, Sequence
+from tritonllm.engine.decoding.beam_search import BeamSearch
+from tritonllm.engine.decoding.logits_processors import ends_with_any, ends_with_stop_word
+from tritonllm.engine.decoding.sampler import Sampled, row_argmax, sample_one
+from tritonllm.engine.execution.device import resolve_device, resolve_dtype_name
+from tritonllm.engine.execution.model_runner import ModelRunner
+from tritonllm.engine.layers import lora
+from tritonllm.engine.layers.paged_attention import KVCache
+from tritonllm.engine.models.model_shape import ModelShape
+from tritonllm.engine.scheduling.block_manager import BlockManager
+from tritonllm.engine.scheduling.scheduler import ScheduledChunk, Scheduler, decoding
+from tritonllm.engine.scheduling.step_cost import StepCost
+from tritonllm.engine.speculation.draft_model import DraftModelDrafter
+from tritonllm.engine.speculation.ngram_drafter import NgramDrafter
+from tritonllm.engine.state.sequence import FinishReason, Sequence
 from tritonllm.engine.stats import EngineStats
-from tritonllm.engine.step_cost import StepCost
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import TypeVar
 
 from tritonllm.common.errors import Overloaded
 from tritonllm.engine.engine import LLMEngine, StepOutput
-from tritonllm.engine.sequence import FinishReason, Sequence
+from tritonllm.engine.state.sequence import FinishReason, Sequence
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

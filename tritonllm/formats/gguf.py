@@ -1,9 +1,9 @@
 """GGUF files, as llama.cpp users have them. The architectures of SERVED_FROM_FILE are read in place: `describe`
 writes a folder of the file's config, tokenizer and generation config alone, and the engine reads the weights from
-the file in their own blocks (engine/llama_model.py, engine/gguf_model.py). Any other is served like an HF
+the file in their own blocks (engine/models/llama_model.py, engine/models/gguf_model.py). Any other is served like an HF
 directory, dequantized once into one: transformers reads GGUF (`from_pretrained(dir, gguf_file=...)`, with the
 `gguf` package) and dequantizes the weights to float32; the result is saved as a plain HF directory (safetensors,
-tokenizer, chat template), whose quantized layers the engine puts back into blocks (engine/gguf_swap.py).
+tokenizer, chat template), whose quantized layers the engine puts back into blocks (engine/models/gguf_swap.py).
 
 Either folder is written on first use into a cache keyed by the file's path, size and time, under a lock, so that
 the server's models, loading at once, write it only once, and names its GGUF file (`SOURCE_FILE`).
@@ -27,9 +27,9 @@ import numpy as np
 
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "gguf"
 # the file's architectures the engine serves from the file itself, in its blocks, and transformers' architecture
-# each is served as: the Llama family by the engine's own build (engine/llama_model.py), the others through
-# transformers' modules with the file's layers in them (engine/gguf_model.py); any other is dequantized into an HF
-# directory
+# each is served as: the Llama family by the engine's own build (engine/models/llama_model.py), the others through
+# transformers' modules with the file's layers in them (engine/models/gguf_model.py); any other is dequantized into an
+# HF directory
 LLAMA_FAMILY = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 THROUGH_TRANSFORMERS = {
     "qwen3": "Qwen3ForCausalLM",

@@ -1,6 +1,6 @@
-"""A GGUF file's tensors as they lie in the file, under its own names (`in_file`: engine/gguf_model.py places them
-in transformers' modules) or under transformers' names for the engine's Llama-family build (`read`:
-engine/llama_model.py); either serves them from the mapping, in the file's own block types, with no float32 copy.
+"""A GGUF file's tensors as they lie in the file, under its own names (`in_file`: engine/models/gguf_model.py places
+them in transformers' modules) or under transformers' names for the engine's Llama-family build (`read`:
+engine/models/llama_model.py); either serves them from the mapping, in the file's own block types, with no float32 copy.
 
 llama.cpp's converter stores Llama's q and k projections with their rows permuted (its rotary embedding pairs
 neighbouring values, transformers' pairs the two halves of a head); those rows are put back in transformers' order,

@@ -1,5 +1,5 @@
 """LoRA adapters as people have them, PEFT folders (`adapter_config.json` + `adapter_model.safetensors`), turned into
-the llm's LoRA tensors (TensorRT-LLM's `lora_weights` / `lora_config`, tritonllm/engine/lora.py), so that the
+the llm's LoRA tensors (TensorRT-LLM's `lora_weights` / `lora_config`, tritonllm/engine/layers/lora.py), so that the
 shim serves each adapter under a model name of its own, as vLLM's `--lora-modules` does.
 
 Only what the engine computes exactly as PEFT does is taken: plain LoRA (delta = B @ A @ x times alpha / r, or

@@ -49,7 +49,7 @@ def perf_analyzer(args: list[str]) -> int:
 
 
 def build_kernels(args: argparse.Namespace) -> int:
-    from tritonllm.engine import cpu_kernels
+    from tritonllm.engine.kernels import cpu_kernels
 
     march = cpu_kernels.target()[0]
     if cpu_kernels.is_built():

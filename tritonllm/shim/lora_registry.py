@@ -4,7 +4,7 @@ it (`--allow-runtime-lora`; vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING), each liste
 its parent.
 
 A request naming an adapter goes out with the adapter's task id alone; the llm keeps recently used adapters by
-task id (engine/lora.py), and a request for one it does not hold is sent again once with the weights
+task id (engine/layers/lora.py), and a request for one it does not hold is sent again once with the weights
 (triton_client.TritonLLMClient.generate). An unloaded adapter stops being served at once; the llm forgets its
 weights as newer adapters take their place.
 """

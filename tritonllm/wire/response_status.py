@@ -24,7 +24,7 @@ FIELDS = (
     ("accepted_prediction_tokens", np.int32),
     ("rejected_prediction_tokens", np.int32),
 )
-# code 0: not finished yet; then the values of tritonllm.engine.sequence.FinishReason (not imported here, as that
+# code 0: not finished yet; then the values of tritonllm.engine.state.sequence.FinishReason (not imported here, as that
 # would load torch into postprocessing)
 REASONS = (b"", b"end_id", b"length", b"stop_words", b"timeout", b"cancelled", b"error")
 

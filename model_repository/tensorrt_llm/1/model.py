@@ -18,12 +18,11 @@ import triton_python_backend_utils as pb_utils
 
 from tritonllm.backend import tensorrt_llm_face
 from tritonllm.backend.model_parameters import ModelParameters
+from tritonllm.backend.tensorrt_llm_relay import FINAL, Ending, generation_of, relay
 from tritonllm.common import errors
-from tritonllm.common.request_parameters import scalar
 
 log = logging.getLogger("tritonllm.tensorrt_llm")
 
-FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCEL_POLL_S = 0.1
 
 
@@ -34,7 +33,7 @@ class TritonPythonModel:
         self.exclude_input_default = params.exclude_input_in_output()
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(params.config)
         self.outputs = [o["name"] for o in params.config["output"]]
-        self.live: set[_Ending] = set()  # the requests being relayed, whose clients may go away
+        self.live: set[Ending] = set()  # the requests being relayed, whose clients may go away
         self.lock = threading.Lock()
         self.closing = threading.Event()
         threading.Thread(target=self._watch_cancellations, name="tensorrt_llm-cancel", daemon=True).start()
@@ -59,7 +58,7 @@ class TritonPythonModel:
             rows = rows[:1]
         wanted = frozenset(request.requested_output_names() or self.outputs)
         request_id = request.request_id() or uuid.uuid4().hex
-        ending = _Ending(len(rows), sender, self.decoupled, request_id)
+        ending = Ending(len(rows), sender, self.decoupled, request_id)
         with self.lock:
             self.live.add(ending)
         threads = [
@@ -72,12 +71,6 @@ class TritonPythonModel:
             thread.start()
 
     def _generate(self, row: dict, batch_index: int | None, wanted: frozenset[str], request_id: str, ending) -> None:
-        generation = tensorrt_llm_face.Generation(
-            wanted,
-            _end_id(row),
-            batch_index,
-            1 if scalar(row.get, "beam_width", 1) > 1 else scalar(row.get, "num_return_sequences", 1),
-        )
         llm_request = pb_utils.InferenceRequest(
             model_name=self.llm,
             inputs=[pb_utils.Tensor(name, array) for name, array in row.items()],
@@ -87,25 +80,9 @@ class TritonPythonModel:
             request_id=request_id,
         )
         answered = False  # its last answer went out
-        control = "stop" in row or "pause" in row
         try:
-            for response in llm_request.exec(decoupled=True):
-                if response.has_error():
-                    answered = True
-                    ending.send(pb_utils.InferenceResponse(error=response.error()), last=True)
-                    return
-                arrays = {t.name(): t.as_numpy() for t in response.output_tensors()}
-                if "finish_reason" not in arrays and control:  # TensorRT-LLM answers a stop with no outputs
-                    answered = True
-                    ending.send(pb_utils.InferenceResponse(output_tensors=[]), last=True)
-                    return
-                if "finish_reason" not in arrays:  # an empty FINAL
-                    continue
-                answer = generation.response(arrays)
-                answered = generation.done
-                ending.send(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in answer.items()]), answered)
-                if answered:
-                    return
+            generation = generation_of(row, wanted, batch_index)
+            answered = relay(llm_request.exec(decoupled=True), generation, ending, "stop" in row or "pause" in row)
         finally:
             if not answered:
                 ending.close()
@@ -129,46 +106,3 @@ class TritonPythonModel:
                 )
                 for _ in stop.exec(decoupled=True):
                     pass
-
-
-class _Ending:
-    """The client's sender shared by a request's generations: FINAL goes on the last generation's last
-    response; without the decoupled policy exactly one response goes out."""
-
-    def __init__(self, generations: int, sender, decoupled: bool, request_id: str) -> None:
-        self.open = generations
-        self.sender = sender
-        self.decoupled = decoupled
-        self.request_id = request_id
-        self.finished = False  # the FINAL response is out
-        self.lock = threading.Lock()
-
-    def send(self, response, last: bool) -> None:
-        """`last`: the generation's last answer, which closes its share of FINAL."""
-        with self.lock:
-            if last:
-                self.open -= 1
-            if not self.decoupled and not last:
-                return
-            final = last and self.open == 0
-            self.sender.send(response, flags=FINAL if final else 0)
-            self.finished = self.finished or final
-
-    def close(self) -> None:
-        """A generation whose llm stream ended without its last answer (it was stopped): its share of FINAL."""
-        with self.lock:
-            self.open -= 1
-            if self.open == 0:
-                self.sender.send(flags=FINAL)
-                self.finished = True
-
-    def cancelled(self) -> bool:
-        """Whether the client went away. Never asked once the FINAL response is out: Triton frees the sender's
-        response factory with it, and asking then crashes tritonserver (TRITONBACKEND_ResponseFactoryIsCancelled)."""
-        with self.lock:
-            return not self.finished and self.sender.is_cancelled()
-
-
-def _end_id(row: dict) -> int | None:
-    end_id = scalar(row.get, "end_id", -1)
-    return None if end_id < 0 else end_id

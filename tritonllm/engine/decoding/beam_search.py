@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tritonllm.engine.logits_processors import ends_with_any, process
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.decoding.logits_processors import ends_with_any, process
+from tritonllm.engine.state.sequence import Sequence
 
 EarlyStopping = bool | str  # True, False or "never"
 

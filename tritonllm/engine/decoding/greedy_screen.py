@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import torch
 
-from tritonllm.engine import cpu_kernels
-from tritonllm.engine.native_linear import NATIVE_ROWS
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.kernels import cpu_kernels
+from tritonllm.engine.layers.native_linear import NATIVE_ROWS
+from tritonllm.engine.state.sequence import Sequence
 
 _UNIT_ROUNDOFF = 2.0**-24
 _SAFETY = 1.01  # the norms and the bound are themselves float32 arithmetic

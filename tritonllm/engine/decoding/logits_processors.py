@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.state.sequence import Sequence
 
 NEG_INF = float("-inf")
 

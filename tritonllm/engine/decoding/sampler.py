@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tritonllm.engine.logits_processors import process
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.decoding.logits_processors import process
+from tritonllm.engine.state.sequence import Sequence
 
 
 @dataclass

@@ -14,10 +14,10 @@ import json
 from importlib.metadata import version
 from pathlib import Path
 
-from tritonllm.engine import cpu_kernels
+from tritonllm.engine.kernels import cpu_kernels
 from tritonllm.formats import model_cache
 
-ENGINE = Path(__file__).resolve().parent
+ENGINE = Path(__file__).resolve().parents[1]  # the whole engine package: any change to its code is a new verdict
 
 
 def verdict_file(model_dir: Path, gguf_file: Path, settings: list) -> Path | None:
@@ -28,7 +28,7 @@ def verdict_file(model_dir: Path, gguf_file: Path, settings: list) -> Path | Non
         return None
     kernels = Path(module.__file__)
     code = [hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(ENGINE.rglob("*.py"))]
-    code += [hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted((ENGINE / "kernels").iterdir())]
+    code += [hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(cpu_kernels.native_sources())]
     identity = [
         str(gguf_file.resolve()),
         gguf_file.stat().st_size,

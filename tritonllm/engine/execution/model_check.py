@@ -16,12 +16,12 @@ from typing import Protocol
 import torch
 
 from tritonllm.common.unsupported_model import UnsupportedModelError
-from tritonllm.engine.block_manager import BlockManager
-from tritonllm.engine.model_shape import ModelShape
-from tritonllm.engine.paged_attention import ATTN_IMPLEMENTATION, LayerProbe
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.scheduler import ScheduledChunk
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.layers.paged_attention import ATTN_IMPLEMENTATION, LayerProbe
+from tritonllm.engine.models.model_shape import ModelShape
+from tritonllm.engine.scheduling.block_manager import BlockManager
+from tritonllm.engine.scheduling.scheduler import ScheduledChunk
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import Sequence
 
 log = logging.getLogger(__name__)
 

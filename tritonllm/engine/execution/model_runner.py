@@ -11,37 +11,24 @@ import torch
 
 from tritonllm.common.memory import release_free_memory
 from tritonllm.common.unsupported_model import UnsupportedModelError
-from tritonllm.engine import (
-    cpu_kernels,
-    fused_projections,
-    gguf_model,
-    gguf_swap,
-    greedy_screen,
-    llama_model,
-    load_verdict,
-    lora,
-    model_check,
-    native_decode,
-    native_linear,
-    paged_attention,
-    quantized_linear,
-    reference_logits,
-    step_packing,
-    tensor_parallel,
-    weight_memory,
-)
-from tritonllm.engine.block_manager import BlockManager
-from tritonllm.engine.device import resolve_device, resolve_dtype
-from tritonllm.engine.gguf_linear import GGUFLinear
-from tritonllm.engine.model_shape import ModelShape
-from tritonllm.engine.paged_attention import (
+from tritonllm.engine.decoding import greedy_screen
+from tritonllm.engine.execution import load_verdict, model_check, native_decode, reference_logits, step_packing
+from tritonllm.engine.execution.device import resolve_device, resolve_dtype
+from tritonllm.engine.execution.step_packing import Step
+from tritonllm.engine.kernels import cpu_kernels
+from tritonllm.engine.layers import fused_projections, lora, native_linear, paged_attention, quantized_linear
+from tritonllm.engine.layers.gguf_linear import GGUFLinear
+from tritonllm.engine.layers.paged_attention import (
     ATTN_IMPLEMENTATION,
     KVCache,
     LayerProbe,
     PagedBatch,
 )
-from tritonllm.engine.scheduler import ScheduledChunk
-from tritonllm.engine.step_packing import Step
+from tritonllm.engine.models import gguf_model, gguf_swap, llama_model, weight_memory
+from tritonllm.engine.models.model_shape import ModelShape
+from tritonllm.engine.parallel import tensor_parallel
+from tritonllm.engine.scheduling.block_manager import BlockManager
+from tritonllm.engine.scheduling.scheduler import ScheduledChunk
 from tritonllm.formats import gguf
 
 log = logging.getLogger(__name__)

@@ -21,15 +21,16 @@ import logging
 
 import torch
 
-from tritonllm.engine import cpu_kernels, quantized_linear
-from tritonllm.engine.fused_projections import SiblingLinear
-from tritonllm.engine.gguf_linear import GGUFLinear
-from tritonllm.engine.greedy_screen import GreedyScreen
-from tritonllm.engine.llama_model import ARCHITECTURES
-from tritonllm.engine.lora import LoraLinear
-from tritonllm.engine.native_linear import NATIVE_ROWS, NativeLinear
-from tritonllm.engine.paged_attention import KVCache
-from tritonllm.engine.quantized_linear import GEMM_ROWS, QuantizedLinear
+from tritonllm.engine.decoding.greedy_screen import GreedyScreen
+from tritonllm.engine.kernels import cpu_kernels
+from tritonllm.engine.layers import quantized_linear
+from tritonllm.engine.layers.fused_projections import SiblingLinear
+from tritonllm.engine.layers.gguf_linear import GGUFLinear
+from tritonllm.engine.layers.lora import LoraLinear
+from tritonllm.engine.layers.native_linear import NATIVE_ROWS, NativeLinear
+from tritonllm.engine.layers.paged_attention import KVCache
+from tritonllm.engine.layers.quantized_linear import GEMM_ROWS, QuantizedLinear
+from tritonllm.engine.models.llama_model import ARCHITECTURES
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tritonllm.engine.block_manager import BlockManager
-from tritonllm.engine.paged_attention import AttentionGroup, PaddedQueries
-from tritonllm.engine.scheduler import ScheduledChunk
+from tritonllm.engine.layers.paged_attention import AttentionGroup, PaddedQueries
+from tritonllm.engine.scheduling.block_manager import BlockManager
+from tritonllm.engine.scheduling.scheduler import ScheduledChunk
 
 
 @dataclass

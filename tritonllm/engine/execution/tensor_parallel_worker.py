@@ -7,9 +7,9 @@ import argparse
 
 import torch
 
-from tritonllm.engine.block_manager import BlockManager
-from tritonllm.engine.model_runner import ModelRunner
-from tritonllm.engine.tensor_parallel import Place
+from tritonllm.engine.execution.model_runner import ModelRunner
+from tritonllm.engine.parallel.tensor_parallel import Place
+from tritonllm.engine.scheduling.block_manager import BlockManager
 
 
 def main(argv: list[str] | None = None) -> None:

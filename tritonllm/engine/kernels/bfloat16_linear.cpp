@@ -1,4 +1,4 @@
-// x @ W^T for rows of x and a bfloat16 copy of a weight W [N, K]: what engine/greedy_screen.py reads instead of a
+// x @ W^T for rows of x and a bfloat16 copy of a weight W [N, K]: what engine/decoding/greedy_screen.py reads instead of a
 // float32 output layer to find which tokens can still be a greedy step's argmax. Two ways, by what the CPU has:
 // - x in float32: each bfloat16 weight value widens to float32 exactly (its 16 bits become the float's high half)
 //   and the products are summed in float32. Half the bytes of float32, as much arithmetic: it pays where one

@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from tritonllm.engine.kernel_build_progress import KernelBuildProgress
+from tritonllm.engine.kernels.kernel_build_progress import KernelBuildProgress
 
 log = logging.getLogger(__name__)
 
@@ -36,14 +36,20 @@ KERNELS = (
     "decoder_layers.cpp",
     "module.cpp",
 )
-SOURCES = [Path(__file__).parent / "kernels" / name for name in KERNELS]
-CACHE = Path(__file__).resolve().parents[2] / ".cache" / "torch_extensions"
+KERNEL_FOLDER = Path(__file__).parent  # the C++ sources and headers beside this module
+SOURCES = [KERNEL_FOLDER / name for name in KERNELS]
+CACHE = Path(__file__).resolve().parents[3] / ".cache" / "torch_extensions"
 DISABLE_ENV = "TRITONLLM_NO_NATIVE_KERNELS"
 NAME = "tritonllm_cpu_kernels"
 # "avx2" builds the kernels for x86-64-v3 (AVX2, FMA, F16C, BMI2) whatever this CPU offers, into a cache of their
 # own: their AVX2 paths, which an AMD EPYC before Zen 4 runs, measured and tested on a machine with AVX-512.
 ISA_ENV = "TRITONLLM_CPU_ISA"
 ISAS = {"native": ("-march=native", NAME), "avx2": ("-march=x86-64-v3", f"{NAME}_avx2")}
+
+
+def native_sources() -> list[Path]:
+    """Every C++ source and header the build reads."""
+    return [*KERNEL_FOLDER.glob("*.cpp"), *KERNEL_FOLDER.glob("*.h")]
 
 
 @functools.cache

@@ -1,4 +1,4 @@
-// The greedy screen (engine/greedy_screen.py) in one call: the products of a step's rows with the layer's bfloat16
+// The greedy screen (engine/decoding/greedy_screen.py) in one call: the products of a step's rows with the layer's bfloat16
 // copy (bfloat16_linear.cpp) or 8-bit block copy (quantized_linear.cpp), then the tokens that can still be each
 // row's float32 argmax, with their float32 logits.
 // In C++, because the same selection in PyTorch takes six passes over a [rows, vocab] tensor, a sixth of the

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tritonllm.engine.native_linear import NativeLinear
+from tritonllm.engine.layers.native_linear import NativeLinear
 
 SIBLINGS = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj")))
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 from tritonllm.common.unsupported_model import UnsupportedModelError
-from tritonllm.engine import cpu_kernels
-from tritonllm.engine.quantized_linear import GEMM_ROWS
+from tritonllm.engine.kernels import cpu_kernels
+from tritonllm.engine.layers.quantized_linear import GEMM_ROWS
 
 _NO_BIAS = torch.empty(0)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from tritonllm.engine import cpu_kernels
+from tritonllm.engine.kernels import cpu_kernels
 
 NATIVE_ROWS = 64  # up to this many rows the native kernel is as fast or faster (AMD EPYC: 148-164 GFLOPS, MKL 127-136)
 _NO_BIAS = torch.empty(0)

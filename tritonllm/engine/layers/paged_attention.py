@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from tritonllm.engine import cpu_kernels
+from tritonllm.engine.kernels import cpu_kernels
 
 ATTN_IMPLEMENTATION = "tritonllm_paged"
 

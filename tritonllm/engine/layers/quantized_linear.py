@@ -22,7 +22,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from tritonllm.engine import cpu_kernels
+from tritonllm.engine.kernels import cpu_kernels
 from tritonllm.formats.gguf_blocks import BLOCK, BlockQuantized
 
 # From this many rows up, past the rows of a decode step, the prompt GEMM over panels beats the block kernel on

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from tritonllm.common.unsupported_model import UnsupportedModelError
-from tritonllm.engine.gguf_linear import GGUFEmbedding, GGUFLinear, check_kernels
-from tritonllm.engine.gguf_swap import replace_module
+from tritonllm.engine.layers.gguf_linear import GGUFEmbedding, GGUFLinear, check_kernels
+from tritonllm.engine.models.gguf_swap import replace_module
 from tritonllm.formats import gguf, gguf_weights
 from tritonllm.formats.gguf_weights import FileTensor
 

@@ -19,9 +19,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tritonllm.engine import cpu_kernels, quantized_linear
-from tritonllm.engine.gguf_linear import GGUFLinear
-from tritonllm.engine.quantized_linear import QuantizedEmbedding, QuantizedLinear, kernel_matches
+from tritonllm.engine.kernels import cpu_kernels
+from tritonllm.engine.layers import quantized_linear
+from tritonllm.engine.layers.gguf_linear import GGUFLinear
+from tritonllm.engine.layers.quantized_linear import QuantizedEmbedding, QuantizedLinear, kernel_matches
 from tritonllm.formats import gguf, gguf_blocks, gguf_layout, model_cache
 from tritonllm.formats.gguf_blocks import BLOCK, from_gguf
 from tritonllm.formats.gguf_layout import GGUFLayout

@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from tritonllm.common.unsupported_model import UnsupportedModelError
-from tritonllm.engine.gguf_linear import GGUFEmbedding, GGUFLinear, check_kernels
-from tritonllm.engine.paged_attention import PagedBatch, paged_attention
+from tritonllm.engine.layers.gguf_linear import GGUFEmbedding, GGUFLinear, check_kernels
+from tritonllm.engine.layers.paged_attention import PagedBatch, paged_attention
 from tritonllm.formats import gguf, gguf_weights
 from tritonllm.formats.gguf_weights import FileTensor
 

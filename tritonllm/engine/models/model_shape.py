@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tritonllm.common.unsupported_model import UnsupportedModelError
-from tritonllm.engine import llama_model
+from tritonllm.engine.models import llama_model
 from tritonllm.formats import multimodal_folder
 
 

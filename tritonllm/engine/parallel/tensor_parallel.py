@@ -7,7 +7,7 @@ all-reduce sums them, one per attention block and one per MLP block. Each rank's
 embeddings, norms and the output layer stay whole on every rank.
 
 Rank 0 is the engine's process: it schedules, prepares each step's tensors, broadcasts them, runs its share and
-samples. Ranks 1.. are processes of their own (`python -m tritonllm.engine.tensor_parallel_worker`), each a
+samples. Ranks 1.. are processes of their own (`python -m tritonllm.engine.execution.tensor_parallel_worker`), each a
 ModelRunner that only runs the steps it is sent. torch.distributed connects them: gloo on CPU, NCCL between
 GPUs (the steps themselves always travel over gloo, as CPU tensors).
 """
@@ -32,7 +32,7 @@ from tritonllm.common.unsupported_model import UnsupportedModelError
 
 ATTENTION = ("q_proj", "k_proj", "v_proj")
 MLP = ("gate_proj", "up_proj")
-WORKER_MODULE = "tritonllm.engine.tensor_parallel_worker"  # what each rank 1.. runs
+WORKER_MODULE = "tritonllm.engine.execution.tensor_parallel_worker"  # what each rank 1.. runs
 TIMEOUT = timedelta(minutes=10)  # a rank still loading its model, or gone: the collectives wait this long
 
 

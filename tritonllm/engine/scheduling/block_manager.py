@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.state.sequence import Sequence
 
 
 class BlockManager:

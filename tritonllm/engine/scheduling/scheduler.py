@@ -20,9 +20,9 @@ import bisect
 import time
 from dataclasses import dataclass, field
 
-from tritonllm.engine.block_manager import BlockManager
-from tritonllm.engine.sequence import FinishReason, Sequence, SequenceStatus
-from tritonllm.engine.step_cost import StepCost
+from tritonllm.engine.scheduling.block_manager import BlockManager
+from tritonllm.engine.scheduling.step_cost import StepCost
+from tritonllm.engine.state.sequence import FinishReason, Sequence, SequenceStatus
 
 BURST_SECONDS = 1.0  # prompts this close to a stream's first token are one burst with it: not capped for it
 

@@ -18,11 +18,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from tritonllm.engine.block_manager import BlockManager
-from tritonllm.engine.model_runner import ModelRunner
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.scheduler import ScheduledChunk
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.execution.model_runner import ModelRunner
+from tritonllm.engine.scheduling.block_manager import BlockManager
+from tritonllm.engine.scheduling.scheduler import ScheduledChunk
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.sequence import Sequence
 from tritonllm.formats.hf_folder import load_model_config, load_tokenizer
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass, field
 
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.state.sequence import Sequence
 
 DECAY = 0.7  # weight of the verifications before the last one, in a sequence's acceptance rate
 # A sequence that drafts nothing tries one draft again after this many tokens of its own (not engine steps:

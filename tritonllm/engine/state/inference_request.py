@@ -15,9 +15,9 @@ import torch
 
 from tritonllm.common.errors import RequestError
 from tritonllm.common.request_parameters import EARLY_STOPPING, TensorLookup, read, scalar
-from tritonllm.engine.sampling_params import NO_END_ID, SamplingParams
-from tritonllm.engine.sequence import RopePositions
-from tritonllm.engine.thinking_block import ThinkingBlock
+from tritonllm.engine.state.sampling_params import NO_END_ID, SamplingParams
+from tritonllm.engine.state.sequence import RopePositions
+from tritonllm.engine.state.thinking_block import ThinkingBlock
 from tritonllm.tokenizer.word_lists import decode_word_list
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tritonllm.engine.thinking_block import ThinkingBlock
+from tritonllm.engine.state.thinking_block import ThinkingBlock
 
 NO_END_ID = -1
 

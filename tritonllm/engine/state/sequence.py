@@ -7,17 +7,14 @@ import itertools
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
 from tritonllm.common.request_parameters import DEFAULT_PRIORITY
-from tritonllm.engine.lora import Adapter
-from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.engine.thinking_block import ThinkingTracker
-
-if TYPE_CHECKING:
-    from tritonllm.engine.grammar import Grammar
+from tritonllm.engine.layers.lora import Adapter
+from tritonllm.engine.state.sampling_params import SamplingParams
+from tritonllm.engine.state.thinking_block import ThinkingTracker
 
 _next_seq_id = itertools.count()
 
@@ -82,6 +79,18 @@ class BeamGroup(Protocol):
     def offer(self, seq: Sequence, logits: torch.Tensor) -> bool: ...
 
     def results(self) -> list: ...
+
+
+class Grammar(Protocol):
+    """The matcher constraining one sequence's next tokens (decoding/grammar.py's), as the sampler and the engine
+    reach it through the sequence; declared here because decoding is built on Sequence."""
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor: ...
+
+    def advance(self, token: int) -> None: ...
+
+    @property
+    def finished(self) -> bool: ...
 
 
 class SequenceStatus(Enum):
