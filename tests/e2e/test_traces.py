@@ -95,8 +95,10 @@ def traced(tiny_model_dir, tmp_path_factory):
     receiver.server.shutdown()
 
 
-@pytest.mark.slow  # make test-slow: a clean CI run once got the shim's span alone (Triton's and llm's never came)
 def test_one_request_is_one_trace_from_the_client_to_the_engine(traced):
+    """Triton 2.51 at times drops the client's trace from a gRPC call's metadata (it reads the value as a C string,
+    past its end; backend/llm_spans.py) and traces the call in a trace of its own: then the llm's spans go under the
+    shim's span, and Triton's span of that call lies in its own trace. Either way the llm's spans are the client's."""
     receiver, shim, log = traced
     headers = {"traceparent": f"00-{TRACE_ID}-{CLIENT_SPAN}-01"}
     body = {"model": "tiny", "prompt": "Hello there", "max_tokens": 5, "ignore_eos": True}
@@ -108,9 +110,18 @@ def test_one_request_is_one_trace_from_the_client_to_the_engine(traced):
     def spans_named(name: str) -> list[dict]:
         return [s for s in ours() if s["name"] == name]
 
+    def tritons_llm_span() -> list[dict]:  # Triton's span of the llm model for the generation, in whichever trace
+        generated = [_text(s["attributes"]["tritonllm.request_id"]) for s in spans_named("llm generate")]
+        return [
+            s
+            for s in receiver.spans
+            if s["service"] == "tritonserver" and s["name"] == "llm"
+            and _text(s["attributes"].get("triton.request_id")) in generated
+        ]  # fmt: skip
+
     def arrived() -> bool:  # each exporter sends on its own schedule (Triton's every few seconds)
         names = [s["name"] for s in ours()]
-        return all(n in names for n in ("POST /v1/completions", "InferRequest", "llm", "llm generate", "decode"))
+        return all(n in names for n in ("POST /v1/completions", "llm generate", "decode")) and bool(tritons_llm_span())
 
     if not wait_for(arrived, timeout=60):
         every = sorted({(s["service"], s["name"], s["trace"] == TRACE_ID) for s in receiver.spans})
@@ -118,13 +129,25 @@ def test_one_request_is_one_trace_from_the_client_to_the_engine(traced):
         pytest.fail(f"spans (service, name, in the client's trace): {every}; unread: {receiver.errors}\n{tail}")
     (shim_span,) = [s for s in ours() if s["service"] == "tritonllm-shim"]
     assert shim_span["name"] == "POST /v1/completions" and shim_span["parent"] == CLIENT_SPAN
-    requests = spans_named("InferRequest")  # Triton's: preprocessing's call and the llm's, both the shim's
-    assert requests and all(r["parent"] == shim_span["span"] for r in requests)
-    (llm_model,) = spans_named("llm")  # Triton's span of the llm model
+    requests = spans_named("InferRequest")  # Triton's, of the calls whose context it read: the shim's children
+    assert all(r["parent"] == shim_span["span"] for r in requests)
+    (llm_model,) = tritons_llm_span()
     (generate,) = spans_named("llm generate")
-    assert generate["service"] == "tritonllm-llm" and generate["parent"] == llm_model["span"]
+    assert generate["service"] == "tritonllm-llm"
+    if llm_model["trace"] == TRACE_ID:  # Triton continued the trace: the llm's span is the child of its model span
+        assert generate["parent"] == llm_model["span"]
+        assert [r["span"] for r in requests].count(llm_model["parent"]) == 1  # the shim's call to the llm
+    else:  # Triton started its own: the llm's span is the shim's child
+        assert generate["parent"] == shim_span["span"]
     phases = {s["name"]: s for s in ours() if s["parent"] == generate["span"]}
     assert sorted(phases) == ["decode", "prefill", "queue"]
     output_tokens = phases["decode"]["attributes"]["gen_ai.usage.output_tokens"]
     assert (output_tokens.int_value if hasattr(output_tokens, "int_value") else int(output_tokens["intValue"])) == 5
     assert {s["trace"] for s in receiver.spans if s["name"] == "llm generate"} == {TRACE_ID}
+
+
+def _text(value) -> str | None:
+    """A string attribute, from the protobuf export (AnyValue) or the JSON one ({"stringValue": ...})."""
+    if value is None:
+        return None
+    return value["stringValue"] if isinstance(value, dict) else value.string_value

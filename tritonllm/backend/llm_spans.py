@@ -36,7 +36,19 @@ def on_finished(count: Callable[[FinishReason], None], request) -> Callable[[Seq
 
 
 def _carrier(request) -> dict[str, str] | None:
-    """Triton's context of the request: a JSON object holding `traceparent` (or the bare header)."""
+    """The context the request's spans go under: Triton's (a JSON object holding `traceparent`, or the bare
+    header), unless the request's own `traceparent` parameter (the shim's) names another trace. Triton 2.51 reads
+    gRPC metadata values as C strings (`GrpcServerCarrier::Get` returns `it->second.data()`, which is not
+    NUL-terminated), so a `traceparent` followed by other bytes in its buffer fails W3C's 55-character check and
+    Triton starts a trace of its own: then the llm's spans go under the shim's span, past Triton's."""
+    sent = _sent_traceparent(request)
+    triton = _triton_context(request)
+    if sent is None or (triton is not None and _trace_id(triton.get(tracing.TRACEPARENT)) == _trace_id(sent)):
+        return triton
+    return {tracing.TRACEPARENT: sent}
+
+
+def _triton_context(request) -> dict[str, str] | None:
     try:
         context = request.trace().get_context()
     except Exception:
@@ -47,6 +59,21 @@ def _carrier(request) -> dict[str, str] | None:
         found = json.loads(context)
         return {k: v for k, v in found.items() if isinstance(v, str)} if isinstance(found, dict) else None
     return {tracing.TRACEPARENT: context.strip()}
+
+
+def _sent_traceparent(request) -> str | None:
+    try:
+        parameters = json.loads(request.parameters() or "{}")
+    except Exception:
+        return None
+    sent = parameters.get(tracing.TRACEPARENT) if isinstance(parameters, dict) else None
+    return sent if isinstance(sent, str) else None
+
+
+def _trace_id(traceparent: str | None) -> str | None:
+    """The trace id of a W3C `traceparent` (version-traceid-spanid-flags)."""
+    parts = (traceparent or "").split("-")
+    return parts[1] if len(parts) == 4 else None
 
 
 def emit(carrier: dict[str, str], seq: Sequence) -> None:

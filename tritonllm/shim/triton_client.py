@@ -333,12 +333,19 @@ class TritonLLMClient:
                 call.cancel()
 
     def _open(self, model: str, inputs: list, request_id: str, late_rows: bool = False, traced: bool = True) -> Call:
-        """`traced`: in the trace of the request it is opened for (not a channel that outlives it)."""
+        """`traced`: in the trace of the request it is opened for (not a channel that outlives it). A traced call
+        carries the `traceparent` twice: as gRPC metadata, which Triton's OpenTelemetry mode continues, and as a
+        request parameter, which the llm reads where Triton did not continue it (backend/llm_spans.py)."""
+        headers = self._call_headers() if traced else self._headers
+        parent = (headers or {}).get(tracing.TRACEPARENT) if traced else None
+        request = {"model_name": model, "inputs": inputs, "request_id": request_id}
+        if parent is not None:
+            request["parameters"] = {tracing.TRACEPARENT: parent}
 
         async def one_request():
-            yield {"model_name": model, "inputs": inputs, "request_id": request_id}
+            yield request
 
-        responses = self._client.stream_infer(one_request(), headers=self._call_headers() if traced else self._headers)
+        responses = self._client.stream_infer(one_request(), headers=headers)
         return Call(responses, self._run_in_background, late_rows)
 
     def _call_headers(self) -> dict[str, str] | None:
