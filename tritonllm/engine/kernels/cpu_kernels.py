@@ -1,6 +1,6 @@
-"""The engine's native CPU kernels (see kernels/): decode attention read in place from the paged cache, linear
-layers over float32 weights and over GGUF's block-quantized weights (decode-sized inputs, and a GEMM for prompt
-chunks), and a Llama-family decoder stack for decode steps.
+"""The engine's native CPU kernels (the C++ sources beside this file): decode attention read in place from the
+paged cache, linear layers over float32 weights and over GGUF's block-quantized weights (decode-sized inputs, and a
+GEMM for prompt chunks), and a Llama-family decoder stack for decode steps.
 
 Built with the machine's C++ compiler by `make install` (`tritonllm build-kernels`) and cached under
 `.cache/torch_extensions` (or $TORCH_EXTENSIONS_DIR); a model's load then only loads them (or builds them, when
