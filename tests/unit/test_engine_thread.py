@@ -205,3 +205,29 @@ def test_a_paused_engine_takes_requests_in_without_stepping_and_runs_them_togeth
     finally:
         thread.shutdown()
     assert engine.blocks.num_free == engine.blocks.num_blocks
+
+
+def test_end_all_ends_every_sequence_then_calls_back_after_their_final_outputs(tiny_model_dir):
+    """The llm's stop (backend/unload_watch.py): every live sequence, running or waiting, ends cancelled and its
+    blocks return; what `then` does (closing the channels) comes after every final output."""
+    engine = LLMEngine(EngineConfig(str(tiny_model_dir), num_kv_blocks=256, block_size=8, max_num_seqs=2))
+    thread = EngineThread(engine)
+    thread.start()
+    order: list[str] = []
+    try:
+        collectors = [Collector() for _ in range(4)]  # two running, two waiting for a place
+        for i, collector in enumerate(collectors):
+            sequence = Sequence([5, 6, 7 + i], SamplingParams(max_tokens=1500))
+            thread.submit(
+                [Submission(sequence, lambda out, c=collector: (c(out), out.finished and order.append("out")))]
+            )
+        assert collectors[0].first.wait(30)
+        assert thread.num_live() == 4
+        called = threading.Event()
+        thread.end_all(then=lambda: (order.append("then"), called.set()))
+        assert called.wait(30)
+        assert all(c.done.is_set() and c.reason is FinishReason.CANCELLED for c in collectors)
+        assert order == ["out"] * 4 + ["then"] and thread.num_live() == 0
+    finally:
+        thread.shutdown()
+    assert engine.blocks.num_free == engine.blocks.num_blocks

@@ -47,6 +47,10 @@ class ResponseQueue:
         channel's sender and the request's id, for a generation multiplexed on a channel."""
         self._queue.put(PendingResponse(sender, arrays, final, wanted, stream_key, mux))
 
+    def end_channels(self, senders: list) -> None:
+        """Sends each multiplexed channel's FINAL flag, after every response queued before."""
+        self._queue.put(ChannelsEnd(senders))
+
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(10)
@@ -54,7 +58,8 @@ class ResponseQueue:
     def _run(self) -> None:
         closing = False
         while not closing:
-            pending, closing = take_queued(self._queue)
+            items, closing = take_queued(self._queue)
+            pending = [item for item in items if isinstance(item, PendingResponse)]
             channels: dict[int, tuple[object, list[multiplex.Row]]] = {}
             ended = []  # the requests of multiplexed generations that ended: their FINAL flags, after the rows
             for response in coalesce(pending):
@@ -73,6 +78,16 @@ class ResponseQueue:
                 _send(channel, multiplex.pack(rows), final=False)
             for sender in ended:
                 _send(sender, {}, final=True)
+            for end in (item for item in items if isinstance(item, ChannelsEnd)):
+                for channel in end.senders:
+                    _send(channel, {}, final=True)
+
+
+@dataclass(frozen=True)
+class ChannelsEnd:
+    """Multiplexed channels to close (ResponseQueue.end_channels)."""
+
+    senders: list
 
 
 def _send(sender, arrays: dict[str, np.ndarray], final: bool) -> None:

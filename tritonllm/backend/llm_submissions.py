@@ -11,6 +11,7 @@ from pathlib import Path
 from tritonllm.backend import llm_spans
 from tritonllm.backend.llm_metrics import EngineMetrics
 from tritonllm.backend.llm_responses import Channel, Responder, ResponseQueue, SampleGroup
+from tritonllm.backend.open_channels import OpenChannels
 from tritonllm.backend.stream_interval import StreamInterval
 from tritonllm.common.errors import RequestError
 from tritonllm.engine.decoding.grammar import GrammarCompiler
@@ -25,8 +26,7 @@ from tritonllm.wire import multiplex
 
 
 class SubmissionReader:
-    """Reads requests for one engine. `channels`: the multiplexed channels this instance holds, by their opening
-    request's id (the sender each one answers on)."""
+    """Reads requests for one engine. `channels`: the multiplexed channels this instance holds."""
 
     def __init__(
         self,
@@ -36,7 +36,7 @@ class SubmissionReader:
         responses: ResponseQueue,
         metrics: EngineMetrics,
         stream_interval: int,
-        channels: dict[str, object],
+        channels: OpenChannels,
     ) -> None:
         self.engine = engine
         self.model_dir = model_dir
@@ -101,15 +101,12 @@ class SubmissionReader:
         """The channel the request names, where this instance holds it and the request's responses fit its rows
         (tokens only: no log-probs, logits, beams or draft counts); else None, and it is answered on its own."""
         name = inference_request.scalar(get, multiplex.CHANNEL)
-        channel = self.channels.get(name.decode()) if isinstance(name, bytes) else None
-        if channel is None or more_than_tokens or params.return_log_probs or params.top_log_probs:
+        if not isinstance(name, bytes) or more_than_tokens or params.return_log_probs or params.top_log_probs:
             return None
         if params.wants_prompt_logits or params.return_generation_logits or params.return_prompt_ids:
             return None
-        if channel.is_cancelled():  # its client has gone
-            del self.channels[name.decode()]
-            return None
-        return channel, request_id
+        channel = self.channels.live(name.decode())
+        return None if channel is None else (channel, request_id)
 
     def _adapter(self, get):
         task_id = inference_request.scalar(get, "lora_task_id")

@@ -171,6 +171,15 @@ class EngineThread:
         them); False: steps again."""
         self._inbox.put(("pause", paused))
 
+    def num_live(self) -> int:
+        """Sequences handed to the engine and not finished (any thread)."""
+        return len(self._live) + self._inbox.qsize()
+
+    def end_all(self, then: Callable[[], None]) -> None:
+        """Ends every live sequence (cancelled), then calls `then` on the engine thread: what it does comes after
+        their final outputs."""
+        self._inbox.put(("end_all", then))
+
     def shutdown(self, timeout: float = 10.0) -> None:
         self._stopping.set()
         self._inbox.put(("wake", None))
@@ -251,6 +260,9 @@ class EngineThread:
                 self._end(sub, FinishReason.CANCELLED)
         elif kind == "pause":
             self._paused = payload
+        elif kind == "end_all":
+            self._fail_all(FinishReason.CANCELLED)
+            payload()
         elif kind == "cancelled":
             sub = self._live.get(payload)
             if sub is not None:

@@ -51,8 +51,10 @@ async def generate(
                 text = matcher.feed(delta.text)
                 if delta.finish_reason == "timeout":
                     raise APIError(408, f"the request timed out after {delta.num_output_tokens} tokens", "timeout")
-                if delta.finish_reason in ("cancelled", "error"):
-                    raise APIError(500, f"generation ended early: {delta.finish_reason}")
+                if delta.finish_reason == "cancelled":  # the shim's own cancellations are never read back
+                    raise APIError(503, "the server ended the generation: it is stopping or unloading the model")
+                if delta.finish_reason == "error":
+                    raise APIError(500, "the generation ended in an engine error; the server's log has its cause")
                 if matcher.matched is not None:
                     piece = Piece(text + (matcher.matched if include_stop else ""), STOP_STRING, delta, matcher.matched)
                 elif delta.finish_reason:

@@ -17,6 +17,7 @@ import logging
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from tritonllm.backend import stub_exit
 from tritonllm.backend.embedding import SentenceEmbedder, embedding_model_dir, pipeline_of
 from tritonllm.backend.model_parameters import ModelParameters, strings
 from tritonllm.common import errors
@@ -90,3 +91,6 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
             start += len(texts)
         return responses
+
+    def finalize(self) -> None:
+        stub_exit.release(self)

@@ -14,16 +14,19 @@ import dataclasses
 import faulthandler
 import gc
 import logging
+import time
 
 import torch
 import triton_python_backend_utils as pb_utils
 
-from tritonllm.backend import llm_spans
+from tritonllm.backend import llm_spans, stub_exit
 from tritonllm.backend.llm_metrics import EngineMetrics
 from tritonllm.backend.llm_responses import FINAL, ResponseQueue
 from tritonllm.backend.llm_submissions import SubmissionReader
 from tritonllm.backend.model_parameters import ModelParameters
+from tritonllm.backend.open_channels import OpenChannels
 from tritonllm.backend.stop_board import StopBoard, server_folder
+from tritonllm.backend.unload_watch import UnloadWatch
 from tritonllm.common import errors, tracing
 from tritonllm.common.memory import release_free_memory
 from tritonllm.common.request_parameters import batch_rows
@@ -67,7 +70,7 @@ class TritonPythonModel:
         self.metrics = EngineMetrics(args["model_instance_name"])
         self.metrics.update(self.engine)  # the pool's size, before any step
         self.responses = ResponseQueue()
-        self.channels: dict[str, object] = {}  # multiplexed channels by their opening request's id: its sender
+        self.channels = OpenChannels(self.responses)
         self.reader = SubmissionReader(
             self.engine, model_dir, self.adapters, self.responses, self.metrics, config.stream_interval, self.channels
         )
@@ -86,6 +89,7 @@ class TritonPythonModel:
         release_free_memory()
         self.thread.start()
         self.stops = StopBoard(self.shared / "stops", args["model_instance_name"], self.thread.cancel)
+        self.unload_watch = UnloadWatch(args["model_name"], args["model_version"], self._unloading)
 
     def execute(self, requests: list) -> None:
         for request in requests:
@@ -94,9 +98,7 @@ class TritonPythonModel:
             get = inputs.get
             try:
                 if inference_request.is_stop_request(get):
-                    channel = self.channels.pop(request.request_id(), None)
-                    if channel is not None:  # a multiplexed channel's client closes it
-                        channel.send(flags=FINAL)
+                    self.channels.close(request.request_id())  # a multiplexed channel's client closes it
                     self.thread.cancel(request.request_id())
                     self.stops.tell(request.request_id())
                     sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=FINAL)
@@ -107,7 +109,7 @@ class TritonPythonModel:
                     sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=FINAL)
                     continue
                 if inference_request.scalar(get, multiplex.OPEN, False):
-                    self.channels[request.request_id()] = sender
+                    self.channels.open(request.request_id(), sender)
                     sender.send(pb_utils.InferenceResponse(output_tensors=[]))  # open: generations may name it
                     continue
                 self.thread.submit(self.reader.submissions(request, sender, batch_rows(inputs)))
@@ -116,7 +118,18 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=FINAL)
         return None
 
+    def _unloading(self, deadline: float) -> None:
+        """Triton stops the model: the generations running may finish until `deadline`, then end (cancelled); the
+        channels close after them, so that every request is released and the model unloads (unload_watch.py)."""
+        while self.thread.num_live() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.thread.end_all(then=self.channels.close_all)
+
     def finalize(self) -> None:
+        """Every request has had its final response (Triton unloads only then): nothing is sent from here on, as
+        Triton's Python backend no longer delivers responses."""
+        self.unload_watch.close()
+        self.channels.stop()
         self.stops.close()
         self.adapters.close()
         for folder in (self.shared / "stops", self.shared / "lora", self.shared):
@@ -126,7 +139,6 @@ class TritonPythonModel:
                 pass
         self.thread.shutdown()
         self.responses.close()
-        for channel in self.channels.values():
-            channel.send(flags=FINAL)
         self.metrics.close()
         tracing.flush(llm_spans.SERVICE)
+        stub_exit.release(self)

@@ -6,7 +6,7 @@ from functools import partial
 
 import triton_python_backend_utils as pb_utils
 
-from tritonllm.backend import tensorrt_llm_face
+from tritonllm.backend import stub_exit, tensorrt_llm_face
 from tritonllm.backend.model_parameters import ModelParameters
 from tritonllm.common.errors import RequestError
 from tritonllm.common.memory import release_free_memory
@@ -22,6 +22,9 @@ class TritonPythonModel:
 
     def execute(self, requests: list) -> list:
         return [self._one(request) for request in requests]
+
+    def finalize(self) -> None:
+        stub_exit.release(self)
 
     def _one(self, request):
         # one pass over the inputs: this runs for every streamed token of every request

@@ -8,6 +8,7 @@ import logging
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from tritonllm.backend import stub_exit
 from tritonllm.backend.media_prompt import ENCODER_OUTPUTS, MediaRows
 from tritonllm.backend.model_parameters import ModelParameters
 from tritonllm.backend.preprocessing import TOKENIZER_OUTPUTS, Preprocessor
@@ -38,6 +39,9 @@ class TritonPythonModel:
 
     def execute(self, requests: list) -> list:
         return [self._one(request) for request in requests]
+
+    def finalize(self) -> None:
+        stub_exit.release(self)
 
     def _one(self, request):
         wanted = set(request.requested_output_names())

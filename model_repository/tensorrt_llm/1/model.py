@@ -16,7 +16,7 @@ import uuid
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from tritonllm.backend import tensorrt_llm_face
+from tritonllm.backend import stub_exit, tensorrt_llm_face
 from tritonllm.backend.model_parameters import ModelParameters
 from tritonllm.backend.tensorrt_llm_relay import FINAL, Ending, generation_of, relay
 from tritonllm.common import errors
@@ -24,6 +24,7 @@ from tritonllm.common import errors
 log = logging.getLogger("tritonllm.tensorrt_llm")
 
 CANCEL_POLL_S = 0.1
+THREADS = "tensorrt_llm-"  # the prefix of this model's threads' names
 
 
 class TritonPythonModel:
@@ -36,14 +37,19 @@ class TritonPythonModel:
         self.live: set[Ending] = set()  # the requests being relayed, whose clients may go away
         self.lock = threading.Lock()
         self.closing = threading.Event()
-        threading.Thread(target=self._watch_cancellations, name="tensorrt_llm-cancel", daemon=True).start()
+        threading.Thread(target=self._watch_cancellations, name=f"{THREADS}cancel", daemon=True).start()
 
     def execute(self, requests: list) -> None:
         for request in requests:
-            threading.Thread(target=self._relay, args=(request,), daemon=True).start()
+            threading.Thread(target=self._relay, args=(request,), name=f"{THREADS}relay", daemon=True).start()
 
     def finalize(self) -> None:
+        """Every relay has answered (Triton unloads only then); their threads end before the model lets go."""
         self.closing.set()
+        for thread in threading.enumerate():
+            if thread.name.startswith(THREADS) and thread is not threading.current_thread():
+                thread.join(10)
+        stub_exit.release(self)
 
     def _relay(self, request) -> None:
         sender = request.get_response_sender()
@@ -63,7 +69,9 @@ class TritonPythonModel:
             self.live.add(ending)
         threads = [
             threading.Thread(
-                target=self._generate, args=(row, i if len(rows) > 1 else None, wanted, request_id, ending)
+                target=self._generate,
+                args=(row, i if len(rows) > 1 else None, wanted, request_id, ending),
+                name=f"{THREADS}generate",
             )
             for i, row in enumerate(rows)
         ]

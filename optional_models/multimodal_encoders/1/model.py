@@ -9,6 +9,7 @@ import logging
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from tritonllm.backend import stub_exit
 from tritonllm.backend.model_parameters import ModelParameters
 from tritonllm.common import errors
 from tritonllm.multimodal.encoder import Encoded, MediaEncoder
@@ -30,6 +31,9 @@ class TritonPythonModel:
             message = errors.to_message(e, ids, log)
             return [pb_utils.InferenceResponse(error=pb_utils.TritonError(message)) for _ in requests]
         return [self._response(one) for one in encoded]
+
+    def finalize(self) -> None:
+        stub_exit.release(self)
 
     @staticmethod
     def _inputs(request) -> dict[str, np.ndarray]:

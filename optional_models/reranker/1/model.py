@@ -12,6 +12,7 @@ import os
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from tritonllm.backend import stub_exit
 from tritonllm.backend.model_parameters import ModelParameters, strings
 from tritonllm.backend.reranker import RERANK_MODEL_DIR_ENV, CrossEncoderScorer
 from tritonllm.common import errors
@@ -54,3 +55,6 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
             start += rows
         return responses
+
+    def finalize(self) -> None:
+        stub_exit.release(self)
