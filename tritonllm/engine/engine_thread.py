@@ -172,7 +172,8 @@ class EngineThread:
         self._inbox.put(("pause", paused))
 
     def num_live(self) -> int:
-        """Sequences handed to the engine and not finished (any thread)."""
+        """Sequences handed to the engine and not finished, plus whatever else waits in the inbox (a cancellation, a
+        pause): zero once no work is left (any thread)."""
         return len(self._live) + self._inbox.qsize()
 
     def end_all(self, then: Callable[[], None]) -> None:
